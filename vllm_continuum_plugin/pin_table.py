@@ -1,0 +1,135 @@
+"""Bookkeeping of pinned KV blocks: which job holds which blocks until when.
+
+A pin owns one reference on each of its blocks (the reference the finished
+request held), so the blocks stay out of the free queue and keep their
+prefix-cache hashes. The table only records ownership; the scheduler returns
+the blocks to the pool when it pops a pin.
+
+Invariants:
+* at most one pin per job (a newer turn's pin replaces the older one);
+* ``num_pinned_blocks`` equals the sum of ``pin.num_blocks`` over live pins;
+* a popped pin is never returned again (so no block is freed twice).
+Both heaps use lazy deletion: stale entries are skipped on pop and compacted
+when they outnumber live pins.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Pin", "PinTable"]
+
+
+@dataclass(eq=False)
+class Pin:
+    """Blocks a finished turn left pinned for its job's next turn."""
+
+    job_id: str
+    request_id: str
+    # One list per KV cache group, each in allocation (prefix) order.
+    blocks_by_group: list[list[Any]]
+    job_first_arrival: float
+    created_at: float  # monotonic seconds
+    deadline: float  # monotonic seconds
+    ttl_s: float
+    tool_key: str
+    num_blocks: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_blocks = sum(len(g) for g in self.blocks_by_group)
+
+    def block_ids(self, group: int = 0) -> set[int]:
+        return {b.block_id for b in self.blocks_by_group[group]} if self.blocks_by_group else set()
+
+
+class PinTable:
+    def __init__(self) -> None:
+        self._by_job: dict[str, Pin] = {}
+        self._by_deadline: list[tuple[float, int, Pin]] = []
+        # Latest-arriving job first: key is -job_first_arrival.
+        self._by_lateness: list[tuple[float, int, Pin]] = []
+        self._seq = itertools.count()
+        self.num_pinned_blocks = 0
+
+    def __len__(self) -> int:
+        return len(self._by_job)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._by_job
+
+    def get(self, job_id: str) -> Pin | None:
+        return self._by_job.get(job_id)
+
+    def pins(self) -> list[Pin]:
+        return list(self._by_job.values())
+
+    def add(self, pin: Pin) -> None:
+        if pin.job_id in self._by_job:
+            raise KeyError(f"job {pin.job_id!r} already holds a pin; pop it first")
+        self._by_job[pin.job_id] = pin
+        self.num_pinned_blocks += pin.num_blocks
+        seq = next(self._seq)
+        heapq.heappush(self._by_deadline, (pin.deadline, seq, pin))
+        heapq.heappush(self._by_lateness, (-pin.job_first_arrival, seq, pin))
+
+    def pop(self, job_id: str) -> Pin | None:
+        pin = self._by_job.pop(job_id, None)
+        if pin is not None:
+            self.num_pinned_blocks -= pin.num_blocks
+            self._maybe_compact()
+        return pin
+
+    def _is_live(self, pin: Pin) -> bool:
+        return self._by_job.get(pin.job_id) is pin
+
+    def next_deadline(self) -> float | None:
+        heap = self._by_deadline
+        while heap and not self._is_live(heap[0][2]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def expired(self, now: float) -> list[Pin]:
+        """Live pins whose deadline is <= now, earliest first (not popped)."""
+        result: list[Pin] = []
+        heap = self._by_deadline
+        while heap and heap[0][0] <= now:
+            _, _, pin = heapq.heappop(heap)
+            if self._is_live(pin):
+                result.append(pin)
+        # Re-insert: the caller decides which of them to pop (a pin whose job
+        # has a turn waiting is kept until the hand-off).
+        for pin in result:
+            heapq.heappush(self._by_deadline, (pin.deadline, next(self._seq), pin))
+        return result
+
+    def latest_job_pin(self, exclude_job: str | None = None) -> Pin | None:
+        """The pin of the latest-arriving job, skipping ``exclude_job``."""
+        heap = self._by_lateness
+        skipped: list[tuple[float, int, Pin]] = []
+        found: Pin | None = None
+        while heap:
+            entry = heap[0]
+            pin = entry[2]
+            if not self._is_live(pin):
+                heapq.heappop(heap)
+                continue
+            if pin.job_id == exclude_job:
+                skipped.append(heapq.heappop(heap))
+                continue
+            found = pin
+            break
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        return found
+
+    def _maybe_compact(self) -> None:
+        live = len(self._by_job)
+        for name in ("_by_deadline", "_by_lateness"):
+            heap = getattr(self, name)
+            if len(heap) > 2 * live + 64:
+                kept = [e for e in heap if self._is_live(e[2])]
+                heapq.heapify(kept)
+                setattr(self, name, kept)

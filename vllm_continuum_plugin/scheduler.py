@@ -1,0 +1,605 @@
+"""Continuum scheduler hooks over vLLM's own ``Scheduler`` / ``AsyncScheduler``.
+
+The mixin overrides a handful of methods and leaves vLLM's scheduling loop,
+block manager and kernels untouched:
+
+* ``_free_request_blocks`` -- **pin**: a non-final agent turn that finished
+  normally keeps its hashed KV blocks for a TTL chosen by the estimator; the
+  unhashed tail is freed. Preemption, abort, error, last step, TTL 0 and
+  disabled prefix caching free as usual.
+* ``schedule`` -- releases expired pins (TTL) before the step, orders
+  ``running`` so that vLLM's "preempt running[-1]" picks the latest-arriving
+  job not on its last step, and hands pins over to next turns that were
+  admitted in the step (their blocks are now referenced by the new request).
+* ``kv_cache_manager.allocate_slots`` (wrapped on the instance) -- **soft
+  pins**: when an allocation would fail, pins are released (latest-arriving
+  job first) and the allocation retried, before vLLM preempts a running
+  request or stops admitting waiting ones.
+* ``add_request`` -- parses job metadata, measures tool time, and queues the
+  request in the job-aware ``ContinuumRequestQueue``.
+* ``reset_prefix_cache`` / ``shutdown`` -- release every pin first.
+
+Invariants: each pinned block carries exactly one reference owned by its pin;
+``PinTable.pop`` returns a pin at most once and its blocks are returned to the
+pool exactly then; the pinned share of the pool never exceeds
+``max_pinned_fraction``; requests without a job id behave exactly as FCFS.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from .config import ContinuumConfig, load_config
+from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, TurnCountCorrelation
+from .estimators.parser import NO_TOOL_KEY, extract_tool_call, tool_key_for_command
+from .estimators.prefill import PrefillCostModel
+from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
+from .job_queue import ContinuumRequestQueue, PriorityKey
+from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata
+from .metrics import EngineMetrics
+from .pin_table import Pin, PinTable
+from .wakeup import ExpiryWaker, find_engine_input_queue
+
+logger = logging.getLogger("vllm_continuum_plugin")
+
+__all__ = [
+    "ContinuumAsyncScheduler",
+    "ContinuumScheduler",
+    "ContinuumSchedulerMixin",
+    "PLUGIN_POLICIES",
+]
+
+PLUGIN_POLICIES = ("continuum", "context_serve")
+_NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+# Queue tiers (smaller is served first).
+_TIER_PREEMPTED, _TIER_PINNED_JOB, _TIER_REST = 0, 1, 2
+_META_ATTR = "_continuum_meta"
+
+
+def _meta(request: Request) -> JobMetadata:
+    return getattr(request, _META_ATTR, UNTAGGED)
+
+
+class ContinuumSchedulerMixin:
+    """Continuum behaviour for any vLLM ``Scheduler`` subclass (see module doc)."""
+
+    # Attributes the mixin relies on from vLLM's Scheduler (for type checkers).
+    kv_cache_manager: Any
+    cache_config: Any
+    scheduler_config: Any
+    running: list[Request]
+    requests: dict[str, Request]
+    waiting: Any
+    kv_holding_waiting: Any
+    structured_output_manager: Any
+    vllm_config: Any
+    block_size: int
+
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        scheduler_config = vllm_config.scheduler_config
+        requested_policy = str(scheduler_config.policy)
+        # vLLM's Scheduler only knows its own policies; give it FCFS for the
+        # duration of its constructor (our queue replaces its queues below).
+        scheduler_config.policy = "fcfs"
+        try:
+            super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
+        finally:
+            scheduler_config.policy = requested_policy
+        # With an explicit --scheduler-cls and a stock policy, the class
+        # itself selects Continuum.
+        self.continuum_policy = requested_policy if requested_policy in PLUGIN_POLICIES else "continuum"
+        self.continuum_config: ContinuumConfig = load_config(vllm_config.additional_config)
+        cfg = self.continuum_config
+
+        self.pins = PinTable()
+        self.jobs = JobTracker(cfg.max_jobs)
+        self.tool_history = ToolDurationHistory(cfg.history_max_samples, cfg.history_max_tools)
+        self.prefill_cost = PrefillCostModel(cfg.prefill_seconds_per_token)
+        self.evicted_queueing_delay = SlidingMean(256)
+        self.turn_correlation = TurnCountCorrelation()
+        self.ttl_policy: TTLPolicy = make_ttl_policy(
+            cfg.ttl_policy,
+            self.tool_history,
+            self.prefill_cost,
+            default_ttl_s=cfg.default_ttl_s,
+            max_ttl_s=cfg.max_ttl_s,
+            fixed_ttl_s=cfg.fixed_ttl_s,
+            cold_start_samples=cfg.cold_start_samples,
+        )
+        self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)
+        block_pool = self.kv_cache_manager.block_pool
+        usable_blocks = max(0, block_pool.num_gpu_blocks - 1)  # minus the null block
+        self.max_pinned_blocks = int(cfg.max_pinned_fraction * usable_blocks)
+
+        self.waiting = ContinuumRequestQueue(self._queue_key)
+        self.kv_holding_waiting = ContinuumRequestQueue(self._queue_key)
+        self._waiting_by_job: dict[str, set[Request]] = {}
+        self._running_order_dirty = True
+        # request -> (monotonic admission time, tokens to prefill)
+        self._prefill_started: dict[str, tuple[float, int]] = {}
+        self._tokenizer: Any = None
+        self._tokenizer_failed = False
+        self._waker: ExpiryWaker | None = None
+        self._waker_lookup_done = False
+
+        parallel = vllm_config.parallel_config
+        self.continuum_metrics = EngineMetrics(
+            self.continuum_policy, getattr(parallel, "data_parallel_index", 0) or 0
+        )
+        self._wrap_allocate_slots()
+        logger.info(
+            "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s "
+            "prefix_caching=%s max_pinned_blocks=%d%s",
+            self.continuum_policy,
+            cfg.ttl_policy,
+            type(self).__name__,
+            self.pinning_enabled,
+            self.max_pinned_blocks,
+            " (context_serve uses Continuum's TTL decisions until its own predictor is installed)"
+            if self.continuum_policy == "context_serve"
+            else "",
+        )
+        if not self.pinning_enabled:
+            logger.warning(
+                "vllm-continuum-plugin: prefix caching is disabled, so finished "
+                "turns cannot be reused; no KV will be pinned (job ordering still applies)"
+            )
+
+    # ------------------------------------------------------------------
+    # Queue ordering
+    # ------------------------------------------------------------------
+    def _job_first_arrival(self, request: Request) -> float:
+        job_id = _meta(request).job_id
+        if job_id is not None:
+            job = self.jobs.get(job_id)
+            if job is not None:
+                return job.first_arrival
+        return request.arrival_time
+
+    def _queue_key(self, request: Request) -> PriorityKey:
+        if request.status == RequestStatus.PREEMPTED:
+            tier = _TIER_PREEMPTED
+        elif _meta(request).job_id in self.pins:
+            tier = _TIER_PINNED_JOB
+        else:
+            tier = _TIER_REST
+        return (tier, self._job_first_arrival(request), request.arrival_time)
+
+    def _reprioritize_job(self, job_id: str) -> None:
+        waiting = self._waiting_by_job.get(job_id)
+        if waiting:
+            self.waiting.reprioritize(waiting)
+            self.kv_holding_waiting.reprioritize(waiting)
+
+    def _order_running_for_preemption(self) -> None:
+        """vLLM preempts ``running[-1]``: put the latest-arriving job that is
+        not on its last step there. Timsort makes the usual already-sorted
+        case O(n)."""
+        if len(self.running) > 1:
+            self.running.sort(
+                key=lambda r: (
+                    not _meta(r).is_last_step,
+                    self._job_first_arrival(r),
+                    r.arrival_time,
+                )
+            )
+
+    # ------------------------------------------------------------------
+    # Request arrival
+    # ------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id not in self.requests:
+            meta = self._parse_request_metadata(request)
+            setattr(request, _META_ATTR, meta)
+            if meta.job_id is not None:
+                self._on_job_arrival(request, meta)
+        super().add_request(request)  # type: ignore[misc]
+        self._running_order_dirty = True
+
+    def _parse_request_metadata(self, request: Request) -> JobMetadata:
+        params = request.sampling_params
+        extra_args = params.extra_args if params is not None else None
+        try:
+            return parse_metadata(extra_args, getattr(request, "session_id", None))
+        except MetadataError as e:
+            # The API server rejects these with HTTP 400; only offline callers
+            # reach here. Never fail the engine: serve as an untagged request.
+            logger.warning(
+                "vllm-continuum-plugin: request %s has %s; serving it without job metadata",
+                request.request_id,
+                e,
+            )
+            return UNTAGGED
+
+    def _on_job_arrival(self, request: Request, meta: JobMetadata) -> None:
+        assert meta.job_id is not None
+        _, measured, tool_key = self.jobs.on_arrival(meta.job_id, request.arrival_time)
+        if measured is not None:
+            self.tool_history.record(tool_key or NO_TOOL_KEY, measured)
+            self.continuum_metrics.on_tool_time(measured)
+        self._waiting_by_job.setdefault(meta.job_id, set()).add(request)
+
+    def _forget_waiting(self, request: Request) -> None:
+        job_id = _meta(request).job_id
+        if job_id is None:
+            return
+        waiting = self._waiting_by_job.get(job_id)
+        if waiting is not None:
+            waiting.discard(request)
+            if not waiting:
+                del self._waiting_by_job[job_id]
+
+    # ------------------------------------------------------------------
+    # Scheduling step
+    # ------------------------------------------------------------------
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        if not self._waker_lookup_done:
+            self._init_waker()
+        self.release_expired_pins(time.monotonic())
+        if self._running_order_dirty:
+            self._order_running_for_preemption()
+            self._running_order_dirty = False
+        output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if output.scheduled_new_reqs or output.scheduled_resumed_reqs:
+            self._running_order_dirty = True
+            self._after_admission(output)
+        if output.preempted_req_ids:
+            self._running_order_dirty = True
+        self._update_waker()
+        return output
+
+    def _after_admission(self, output: SchedulerOutput) -> None:
+        now = time.monotonic()
+        wall_now = time.time()
+        for new_req in output.scheduled_new_reqs:
+            request = self.requests.get(new_req.req_id)
+            if request is None:
+                continue
+            self._forget_waiting(request)
+            num_new = output.num_scheduled_tokens.get(new_req.req_id, 0)
+            if num_new > 0:
+                # Tokens this admission must compute (prompt minus cache hit);
+                # timed until the first output token.
+                cached = request.num_computed_tokens - num_new
+                self._prefill_started[request.request_id] = (
+                    now,
+                    max(1, request.num_prompt_tokens - cached),
+                )
+            job_id = _meta(request).job_id
+            if job_id is None:
+                continue
+            pin = self.pins.get(job_id)
+            if pin is not None:
+                self._release_pin(job_id, "handoff", hit_request=request)
+            else:
+                job = self.jobs.get(job_id)
+                if job is not None and job.turns_finished > 0:
+                    # A later turn whose KV was not kept: the queueing delay it
+                    # saw is the paper's T.
+                    self.evicted_queueing_delay.add(max(0.0, wall_now - request.arrival_time))
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        if self._prefill_started:
+            self._observe_prefills()
+        # Pins created by requests that finished in this step need a wake-up
+        # even if the engine goes idle right after.
+        self._update_waker()
+        return outputs
+
+    def _observe_prefills(self) -> None:
+        now = time.monotonic()
+        done: list[str] = []
+        for req_id, (started, tokens) in self._prefill_started.items():
+            request = self.requests.get(req_id)
+            if request is None:
+                done.append(req_id)
+            elif request.num_output_tokens > 0:
+                self.prefill_cost.observe(tokens, now - started)
+                done.append(req_id)
+        for req_id in done:
+            del self._prefill_started[req_id]
+
+    def has_requests(self) -> bool:
+        if super().has_requests():  # type: ignore[misc]
+            return True
+        # Report work while a pin is due so an idle engine, woken by the
+        # ExpiryWaker, runs the step that releases it.
+        deadline = self.pins.next_deadline()
+        return deadline is not None and deadline <= time.monotonic()
+
+    # ------------------------------------------------------------------
+    # Pinning on the block-freeing path
+    # ------------------------------------------------------------------
+    def _free_request_blocks(self, request: Request) -> None:
+        if not request.is_finished():  # preemption: stock behaviour
+            super()._free_request_blocks(request)  # type: ignore[misc]
+            return
+        self._forget_waiting(request)
+        self._prefill_started.pop(request.request_id, None)
+        meta = _meta(request)
+        job_id = meta.job_id
+        if job_id is None:
+            super()._free_request_blocks(request)  # type: ignore[misc]
+            return
+        normal, reply_text = self._finished_normally(request)
+        tool_key = self._tool_key(meta, reply_text) if normal else None
+        job = self.jobs.on_finish(job_id, time.time(), tool_key, counted=normal)
+
+        if meta.is_last_step:
+            if normal and job is not None:
+                self.turn_correlation.add_job(job.turns_finished)
+            self.jobs.forget(job_id)
+            self._release_pin(job_id, "last_step")
+            super()._free_request_blocks(request)  # type: ignore[misc]
+            return
+        if not normal:
+            self._release_pin(job_id, "abort")
+            super()._free_request_blocks(request)  # type: ignore[misc]
+            return
+        if not self.pinning_enabled or not self._request_blocks_can_be_freed(request):  # type: ignore[attr-defined]
+            # (The second case: an in-flight step may still write these blocks
+            # and vLLM defers their free; keep that path stock.)
+            super()._free_request_blocks(request)  # type: ignore[misc]
+            return
+        assert tool_key is not None
+        ttl_s = self._choose_ttl(meta, tool_key, request)
+        # A newer turn supersedes the job's older pin (overlapping turns).
+        self._release_pin(job_id, "handoff")
+        if ttl_s <= 0:
+            self.continuum_metrics.on_ttl_decision(0.0)
+            logger.debug("continuum: job %s request %s tool %r -> no pin", job_id, request.request_id, tool_key)
+            super()._free_request_blocks(request)  # type: ignore[misc]
+            return
+        self._pin(request, job_id, tool_key, ttl_s)
+
+    def _finished_normally(self, request: Request) -> tuple[bool, str | None]:
+        """(finished normally?, decoded reply or None when not decoded)."""
+        if request.status in _NORMAL_FINISH:
+            return True, None
+        if request.status != RequestStatus.FINISHED_ABORTED or not self.continuum_config.pin_on_stop_string:
+            return False, None
+        # The API server detects stop strings and aborts the request, which
+        # the engine cannot tell from a client disconnect: look for the stop
+        # string in the reply itself.
+        stops = request.sampling_params.stop if request.sampling_params is not None else None
+        if not stops or request.num_output_tokens == 0:
+            return False, None
+        text = self._decode_reply(request)
+        if text is None:
+            return False, None
+        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+        if cut < 0:
+            return False, None
+        return True, text[:cut]
+
+    def _tool_key(self, meta: JobMetadata, reply_text: str | None) -> str:
+        if meta.tool_name:
+            return meta.tool_name
+        if meta.tool_command:
+            return tool_key_for_command(meta.tool_command)
+        return NO_TOOL_KEY if reply_text is None else self._parse_tool_key(reply_text)
+
+    def _parse_tool_key(self, text: str) -> str:
+        call = extract_tool_call(text)
+        return call.tool_key if call is not None else NO_TOOL_KEY
+
+    def _decode_reply(self, request: Request) -> str | None:
+        tokenizer = self._get_tokenizer()
+        if tokenizer is None:
+            return None
+        try:
+            return tokenizer.decode(list(request.output_token_ids), skip_special_tokens=True)
+        except Exception:  # a tokenizer bug must not take the engine down
+            logger.debug("continuum: could not decode reply of %s", request.request_id, exc_info=True)
+            return None
+
+    def _get_tokenizer(self) -> Any:
+        if self._tokenizer is None and not self._tokenizer_failed:
+            self._tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
+            if self._tokenizer is None and not self.vllm_config.model_config.skip_tokenizer_init:
+                try:
+                    from vllm.tokenizers import cached_tokenizer_from_config
+
+                    self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
+                except Exception:
+                    logger.warning("vllm-continuum-plugin: no tokenizer; tool calls will not be parsed")
+            self._tokenizer_failed = self._tokenizer is None
+        return self._tokenizer
+
+    def _choose_ttl(self, meta: JobMetadata, tool_key: str, request: Request) -> float:
+        cfg = self.continuum_config
+        if meta.expected_tool_seconds is not None:
+            # The client knows its tool: keep the KV just past the expected
+            # return when that is cheaper than rebuilding it.
+            rebuild_s = self.prefill_cost.seconds(request.num_tokens)
+            expected = meta.expected_tool_seconds
+            return min(cfg.max_ttl_s, expected * 1.2 + 0.05) if expected <= max(rebuild_s, cfg.default_ttl_s) else 0.0
+        if tool_key == NO_TOOL_KEY and request.num_output_tokens > 0 and not meta.tool_name:
+            # Parse now (normal finish: reply not decoded yet).
+            text = self._decode_reply(request)
+            if text is not None:
+                tool_key = self._parse_tool_key(text)
+                job = self.jobs.get(meta.job_id or "")
+                if job is not None:
+                    job.last_tool_key = tool_key
+        decision = self.ttl_policy.decide(
+            TTLContext(
+                tool_key=tool_key,
+                context_tokens=request.num_tokens,
+                queueing_delay_s=self.evicted_queueing_delay.mean(0.0),
+                eta=self.turn_correlation.eta(),
+            )
+        )
+        logger.debug(
+            "continuum: job %s request %s tool %r -> ttl %.3fs (%s)",
+            meta.job_id, request.request_id, tool_key, decision.ttl_s, decision.source,
+        )
+        return decision.ttl_s
+
+    def _pin(self, request: Request, job_id: str, tool_key: str, ttl_s: float) -> None:
+        managers = self.kv_cache_manager.coordinator.single_type_managers
+        keep_by_group: list[list[Any]] = []
+        for manager in managers:
+            blocks = manager.pop_blocks_for_free(request.request_id)
+            keep = [b for b in blocks if b.block_hash is not None and not b.is_null]
+            keep_ids = {id(b) for b in keep}
+            drop = [b for b in blocks if id(b) not in keep_ids]
+            if drop:
+                manager.block_pool.free_blocks(reversed(drop))
+            keep_by_group.append(keep)
+        job_first_arrival = self._job_first_arrival(request)
+        keep_by_group = self._fit_under_cap(keep_by_group, job_id, job_first_arrival)
+        if not any(keep_by_group):
+            self.continuum_metrics.on_ttl_decision(0.0)
+            return
+        now = time.monotonic()
+        pin = Pin(
+            job_id=job_id,
+            request_id=request.request_id,
+            blocks_by_group=keep_by_group,
+            job_first_arrival=job_first_arrival,
+            created_at=now,
+            deadline=now + ttl_s,
+            ttl_s=ttl_s,
+            tool_key=tool_key,
+        )
+        self.pins.add(pin)
+        self._reprioritize_job(job_id)
+        self.continuum_metrics.on_pin(ttl_s, pin.num_blocks, self.pins.num_pinned_blocks, len(self.pins))
+        logger.debug(
+            "continuum: pinned %d blocks of job %s for %.3fs (tool %r)",
+            pin.num_blocks, job_id, ttl_s, tool_key,
+        )
+
+    def _fit_under_cap(
+        self, keep_by_group: list[list[Any]], job_id: str, job_first_arrival: float
+    ) -> list[list[Any]]:
+        """Make room under the pin cap, or shrink the pin to fit.
+
+        Pins of jobs that arrived later than this one are released first
+        (job-level FCFS); what still does not fit is trimmed from the tail
+        (single KV group) or not pinned at all (several groups, which must
+        stay consistent).
+        """
+        needed = sum(len(g) for g in keep_by_group)
+        while self.pins.num_pinned_blocks + needed > self.max_pinned_blocks:
+            victim = self.pins.latest_job_pin(exclude_job=job_id)
+            if victim is None or victim.job_first_arrival <= job_first_arrival:
+                break
+            self._release_pin(victim.job_id, "pressure")
+        room = self.max_pinned_blocks - self.pins.num_pinned_blocks
+        if needed <= room:
+            return keep_by_group
+        pool = self.kv_cache_manager.block_pool
+        if len(keep_by_group) == 1 and room > 0:
+            kept, dropped = keep_by_group[0][:room], keep_by_group[0][room:]
+            pool.free_blocks(reversed(dropped))
+            return [kept]
+        for group in keep_by_group:
+            if group:
+                pool.free_blocks(reversed(group))
+        return [[] for _ in keep_by_group]
+
+    def _release_pin(self, job_id: str, reason: str, hit_request: Request | None = None) -> bool:
+        pin = self.pins.pop(job_id)
+        if pin is None:
+            return False
+        hit_tokens = 0
+        if hit_request is not None and pin.blocks_by_group:
+            # Blocks of the pin the new turn now references (group 0 carries
+            # the full-attention prefix in every model layout vLLM builds).
+            new_ids = self.kv_cache_manager.get_block_ids(hit_request.request_id)[0]
+            hit_tokens = len(pin.block_ids(0).intersection(new_ids)) * self.block_size
+        pool = self.kv_cache_manager.block_pool
+        for group in pin.blocks_by_group:
+            if group:
+                pool.free_blocks(reversed(group))
+        self._reprioritize_job(job_id)
+        self.continuum_metrics.on_release(reason, hit_tokens, self.pins.num_pinned_blocks, len(self.pins))
+        logger.debug(
+            "continuum: released pin of job %s (%d blocks, reason %s, %d tokens hit)",
+            job_id, pin.num_blocks, reason, hit_tokens,
+        )
+        return True
+
+    def release_expired_pins(self, now: float) -> int:
+        """Release pins past their deadline whose job has no turn waiting
+        (a waiting turn takes the blocks over at admission instead)."""
+        released = 0
+        for pin in self.pins.expired(now):
+            if self._waiting_by_job.get(pin.job_id):
+                continue
+            released += self._release_pin(pin.job_id, "ttl")
+        return released
+
+    def release_all_pins(self, reason: str) -> int:
+        released = 0
+        for pin in self.pins.pins():
+            released += self._release_pin(pin.job_id, reason)
+        return released
+
+    # ------------------------------------------------------------------
+    # Soft pins: memory pressure releases pins before anything else
+    # ------------------------------------------------------------------
+    def _wrap_allocate_slots(self) -> None:
+        manager = self.kv_cache_manager
+        original: Callable[..., Any] = manager.allocate_slots
+
+        def allocate_slots(request: Request, *args: Any, **kwargs: Any) -> Any:
+            blocks = original(request, *args, **kwargs)
+            if blocks is not None or not self.pins:
+                return blocks
+            own_job = _meta(request).job_id
+            while blocks is None:
+                victim = self.pins.latest_job_pin(exclude_job=own_job)
+                if victim is None:
+                    break
+                self._release_pin(victim.job_id, "pressure")
+                blocks = original(request, *args, **kwargs)
+            return blocks
+
+        manager.allocate_slots = allocate_slots
+
+    # ------------------------------------------------------------------
+    # Lifecycle
+    # ------------------------------------------------------------------
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        self.release_all_pins("reset")
+        return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        self.release_all_pins("shutdown")
+        if self._waker is not None:
+            self._waker.close()
+        self.continuum_metrics.close()
+        super().shutdown()  # type: ignore[misc]
+
+    def _init_waker(self) -> None:
+        self._waker_lookup_done = True
+        input_queue = find_engine_input_queue()
+        if input_queue is None:
+            return
+        from vllm.v1.engine import EngineCoreRequestType
+
+        self._waker = ExpiryWaker(input_queue, (EngineCoreRequestType.WAKEUP, None))
+
+    def _update_waker(self) -> None:
+        if self._waker is not None:
+            self._waker.set_deadline(self.pins.next_deadline())
+
+
+class ContinuumScheduler(ContinuumSchedulerMixin, Scheduler):
+    """Continuum over vLLM's synchronous ``Scheduler`` (CPU, or async off)."""
+
+
+class ContinuumAsyncScheduler(ContinuumSchedulerMixin, AsyncScheduler):
+    """Continuum over vLLM's ``AsyncScheduler`` (the default on CUDA)."""
