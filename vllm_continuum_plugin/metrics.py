@@ -5,7 +5,7 @@ process, and only vLLM's fixed ``SchedulerStats`` fields cross between them.
 So the engine side (``EngineMetrics``) keeps plain counters and histograms and
 writes a JSON snapshot (atomic rename) to a directory that ``register()``
 creates in the first process and hands to its children through the private
-``VLLM_CONTINUUM_METRICS_DIR`` variable; the API side
+``_CONTINUUM_PLUGIN_METRICS_DIR`` variable; the API side
 (``SnapshotCollector``, registered on prometheus_client's default registry)
 reads the snapshots at scrape time. No user flag or environment variable is
 needed, and vLLM's own metrics are untouched.
@@ -32,7 +32,7 @@ __all__ = [
     "RELEASE_REASONS",
 ]
 
-METRICS_DIR_ENV = "VLLM_CONTINUUM_METRICS_DIR"
+METRICS_DIR_ENV = "_CONTINUUM_PLUGIN_METRICS_DIR"
 PREFIX = "vllm_continuum:"
 RELEASE_REASONS = ("handoff", "ttl", "pressure", "last_step", "abort", "reset", "shutdown")
 TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
@@ -62,7 +62,7 @@ class Histogram:
 class EngineMetrics:
     """Counters of one scheduler; thread-safe snapshotting."""
 
-    def __init__(self, policy: str, engine_index: int = 0, flush_interval_s: float = 0.5) -> None:
+    def __init__(self, policy: str, engine_index: int = 0, flush_interval_s: float = 0.1) -> None:
         self.policy = policy
         self.engine_index = engine_index
         self._lock = threading.Lock()

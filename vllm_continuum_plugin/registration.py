@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from ._version import check_vllm_version
 
-logger = logging.getLogger("vllm_continuum_plugin")
+logger = logging.getLogger("vllm.continuum_plugin")
 
 __all__ = ["register", "PLUGIN_POLICIES"]
 

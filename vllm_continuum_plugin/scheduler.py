@@ -48,7 +48,7 @@ from .metrics import EngineMetrics
 from .pin_table import Pin, PinTable
 from .wakeup import ExpiryWaker, find_engine_input_queue
 
-logger = logging.getLogger("vllm_continuum_plugin")
+logger = logging.getLogger("vllm.continuum_plugin")
 
 __all__ = [
     "ContinuumAsyncScheduler",
@@ -248,7 +248,7 @@ class ContinuumSchedulerMixin:
             self._order_running_for_preemption()
             self._running_order_dirty = False
         output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        if output.scheduled_new_reqs or output.scheduled_resumed_reqs:
+        if output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids:
             self._running_order_dirty = True
             self._after_admission(output)
         if output.preempted_req_ids:

@@ -1,0 +1,152 @@
+"""History, TTL rule and rebuild-cost model (pure logic)."""
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from vllm_continuum_plugin.estimators.history import (
+    JobTracker,
+    SlidingMean,
+    ToolDurationHistory,
+    TurnCountCorrelation,
+)
+from vllm_continuum_plugin.estimators.prefill import PrefillCostModel
+from vllm_continuum_plugin.estimators.ttl import (
+    CDFTTLPolicy,
+    FixedTTLPolicy,
+    TTLContext,
+    best_tau,
+    make_ttl_policy,
+)
+
+
+def brute_force_tau(samples, benefit, max_ttl):
+    best, best_score = 0.0, 0.0
+    n = len(samples)
+    for tau in samples:
+        if tau > max_ttl:
+            continue
+        score = sum(s <= tau for s in samples) / n * benefit - tau
+        if score > best_score + 1e-12:
+            best, best_score = tau, score
+    return best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_best_tau_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    samples = np.sort(np.round(rng.lognormal(0, 1, 200), 2))
+    for benefit in (0.5, 3.0, 20.0):
+        assert best_tau(samples, benefit, 10.0) == pytest.approx(brute_force_tau(list(samples), benefit, 10.0))
+
+
+def test_best_tau_pins_fast_tools_and_skips_slow_ones():
+    fast = np.sort(np.full(100, 0.2))
+    slow = np.sort(np.full(100, 30.0))
+    assert best_tau(fast, benefit_s=2.0, max_ttl_s=60) == pytest.approx(0.2)
+    assert best_tau(slow, benefit_s=2.0, max_ttl_s=60) == 0.0  # waiting costs more than it saves
+    assert best_tau(slow, benefit_s=2.0, max_ttl_s=10) == 0.0  # over the cap
+
+
+def test_history_is_bounded_and_sorted():
+    h = ToolDurationHistory(max_samples=5, max_tools=2)
+    for v in [5, 1, 4, 2, 3, 0.5]:
+        h.record("ls", v)
+    assert list(h.sorted_samples("ls")) == [0.5, 1, 2, 3, 4]  # oldest (5) evicted
+    h.record("cat", 1)
+    h.record("git status", 1)  # evicts the least recently updated tool (ls)
+    assert h.num_samples("ls") == 0 and h.tool_keys() == ["cat", "git status"]
+    h.record("x", float("nan"))
+    h.record("x", -1)
+    assert h.num_samples("x") == 0
+
+
+def test_cdf_policy_cold_start_then_global_then_per_tool():
+    h = ToolDurationHistory()
+    policy = CDFTTLPolicy(h, PrefillCostModel(1e-3), default_ttl_s=2.0, max_ttl_s=60, cold_start_samples=10)
+    ctx = TTLContext(tool_key="ls", context_tokens=2000, queueing_delay_s=1.0, eta=1.0)
+    assert policy.decide(ctx).source == "default"
+    for _ in range(10):
+        h.record("pytest", 0.5)
+    d = policy.decide(ctx)
+    assert d.source == "global" and d.ttl_s == pytest.approx(0.5)
+    for _ in range(10):
+        h.record("ls", 0.1)
+    d = policy.decide(ctx)
+    assert d.source == "tool" and d.ttl_s == pytest.approx(0.1)
+
+
+def test_fixed_policy_is_the_forks_rule():
+    h = ToolDurationHistory()
+    policy = FixedTTLPolicy(h, 2.0)
+    ctx = TTLContext("pytest", 100, 0.0, 1.0)
+    assert policy.decide(ctx).ttl_s == 2.0  # unknown tool counts as fast
+    h.record("pytest", 5.0)
+    assert policy.decide(ctx).ttl_s == 0.0
+    with pytest.raises(ValueError, match="unknown ttl_policy 'nope'"):
+        make_ttl_policy("nope", h, PrefillCostModel(), default_ttl_s=1, max_ttl_s=1, fixed_ttl_s=1, cold_start_samples=1)
+
+
+def test_ttl_decision_cost_with_4096_samples():
+    """Functional guard only; the timing target lives in benchmarks/."""
+    h = ToolDurationHistory(max_samples=4096)
+    rng = np.random.default_rng(0)
+    for v in rng.lognormal(0, 1, 5000):
+        h.record("pytest", float(v))
+    policy = CDFTTLPolicy(h, PrefillCostModel(), 2.0, 60.0, 100)
+    d = policy.decide(TTLContext("pytest", 3000, 2.0, 1.0))
+    assert h.num_samples("pytest") == 4096 and d.source == "tool" and d.ttl_s > 0
+
+
+def test_job_tracker_measures_tool_time_only_between_turns():
+    jobs = JobTracker(max_jobs=2)
+    _, measured, _ = jobs.on_arrival("a", 100.0)
+    assert measured is None
+    jobs.on_finish("a", 101.0, "ls", counted=True)
+    _, measured, key = jobs.on_arrival("a", 101.5)
+    assert measured == pytest.approx(0.5) and key == "ls"
+    # Overlapping turn of the same job: not a tool gap (the fork crashed here).
+    _, measured, _ = jobs.on_arrival("a", 101.6)
+    assert measured is None and jobs.get("a").in_flight == 2
+    # Aborted turns do not count as finished turns.
+    jobs.on_finish("a", 102.0, None, counted=False)
+    assert jobs.get("a").turns_finished == 1
+
+
+def test_job_tracker_evicts_idle_jobs_first():
+    jobs = JobTracker(max_jobs=2)
+    jobs.on_arrival("busy", 1.0)
+    jobs.on_arrival("idle", 2.0)
+    jobs.on_finish("idle", 3.0, "ls", counted=True)
+    jobs.on_arrival("new", 4.0)
+    assert jobs.get("idle") is None and jobs.get("busy") is not None and len(jobs) == 2
+
+
+def test_eta_is_one_for_fixed_length_jobs_and_near_zero_when_memoryless():
+    fixed = TurnCountCorrelation()
+    for _ in range(50):
+        fixed.add_job(8)
+    assert fixed.eta() == pytest.approx(1.0)
+    memoryless = TurnCountCorrelation(window=200_000)
+    rng = np.random.default_rng(1)
+    for n in rng.geometric(0.1, 5000):
+        memoryless.add_job(int(n))
+    assert memoryless.eta() < 0.1
+
+
+def test_sliding_mean():
+    m = SlidingMean(3)
+    assert m.mean(7.0) == 7.0
+    for v in [1, 2, 3, 10]:
+        m.add(v)
+    assert m.mean() == pytest.approx(5.0)
+
+
+def test_prefill_model_default_then_fit():
+    model = PrefillCostModel(default_seconds_per_token=1e-3, default_overhead_s=0.0, min_samples=4)
+    assert model.seconds(1000) == pytest.approx(1.0)
+    for tokens in (100, 500, 1000, 2000, 4000):
+        model.observe(tokens, 0.05 + tokens * 2e-4)
+    assert model.seconds(3000) == pytest.approx(0.05 + 0.6, rel=1e-6)
