@@ -82,6 +82,10 @@ def make_scheduler(
         device_config=DeviceConfig("cpu"),
         additional_config={"continuum": continuum} if continuum else {},
     )
+    if async_scheduling:
+        # The CPU platform turns async scheduling off; the selection logic
+        # and the AsyncScheduler subclass are still exercised here.
+        vllm_config.scheduler_config.async_scheduling = True
     full = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     groups = [KVCacheGroupSpec(["layer.0"], full)]
     if hybrid:

@@ -20,7 +20,10 @@ class UnsupportedVLLMVersion(RuntimeError):
 def parse_release(version: str) -> tuple[int, int]:
     match = re.match(r"^\s*(\d+)\.(\d+)", version)
     if match is None:
-        raise UnsupportedVLLMVersion(f"cannot parse vLLM version {version!r}")
+        raise UnsupportedVLLMVersion(
+            f"cannot parse vLLM version {version!r}; vllm-continuum-plugin "
+            f"{__version__} supports vLLM {SUPPORTED_RANGE_TEXT}"
+        )
     return int(match.group(1)), int(match.group(2))
 
 

@@ -1,0 +1,77 @@
+"""Job metadata parsing, the API-side patch, and plugin settings."""
+
+import pytest
+
+from vllm_continuum_plugin.config import ContinuumConfig, load_config
+from vllm_continuum_plugin.metadata import JobMetadata, MetadataError, parse_bool, parse_metadata
+
+
+@pytest.mark.parametrize("value, expected", [
+    (True, True), (False, False), (1, True), (0, False), ("true", True), ("False", False),
+    (" TRUE ", True), ("1", True), ("0", False), (1.0, True),
+])
+def test_parse_bool_accepts_bools_ints_and_strings(value, expected):
+    assert parse_bool(value, "is_last_step") is expected
+
+
+@pytest.mark.parametrize("value", ["yes", "maybe", 2, -1, None, [], {}, 0.5, ""])
+def test_parse_bool_rejects_everything_else_naming_the_field(value):
+    with pytest.raises(MetadataError, match="is_last_step"):
+        parse_bool(value, "is_last_step")
+
+
+def test_parse_metadata_sources_and_defaults():
+    assert parse_metadata(None) == JobMetadata()
+    assert parse_metadata({}, session_id="sess-1").job_id == "sess-1"
+    meta = parse_metadata({"job_id": 42, "is_last_step": 1, "tool_name": "pytest", "expected_tool_seconds": "3.5"})
+    assert meta == JobMetadata("42", True, "pytest", None, 3.5)
+    # vllm_xargs wins over session_id.
+    assert parse_metadata({"job_id": "x"}, session_id="s").job_id == "x"
+
+
+@pytest.mark.parametrize("bad", [
+    {"job_id": ["a"]}, {"job_id": ""}, {"job_id": True}, {"job_id": "x" * 300},
+    {"job_id": "a", "expected_tool_seconds": -1}, {"job_id": "a", "tool_name": 5},
+])
+def test_parse_metadata_rejects_malformed_fields(bad):
+    with pytest.raises(MetadataError) as info:
+        parse_metadata(bad)
+    assert info.value.field in bad
+
+
+def test_api_patch_copies_top_level_fields_and_rejects_bad_ones():
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    from vllm_continuum_plugin.registration import register
+
+    register()  # installs the post-import patch (module may already be imported)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "job_id": "j1", "is_last_step": "false"}
+    params = ChatCompletionRequest(**body).to_sampling_params(16, {})
+    assert params.extra_args == {"job_id": "j1", "is_last_step": "false"}
+    # vllm_xargs wins over top-level fields.
+    params = ChatCompletionRequest(**body, vllm_xargs={"is_last_step": 1}).to_sampling_params(16, {})
+    assert params.extra_args["is_last_step"] == 1
+    with pytest.raises(VLLMValidationError, match="is_last_step"):
+        ChatCompletionRequest(**{**body, "is_last_step": "maybe"}).to_sampling_params(16, {})
+    plain = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert not plain.to_sampling_params(16, {}).extra_args
+
+
+def test_config_precedence_env_then_additional_config():
+    env = {"CONTINUUM_DEFAULT_TTL_S": "5", "CONTINUUM_TTL_POLICY": "fixed", "CONTINUUM_PIN_ON_STOP_STRING": "off"}
+    cfg = load_config({"continuum": {"default_ttl_s": 7}}, environ=env)
+    assert cfg.default_ttl_s == 7.0 and cfg.ttl_policy == "fixed" and cfg.pin_on_stop_string is False
+    assert load_config(None, environ={}) == ContinuumConfig()
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"ttl_policy": "magic"}, "ttl_policy='magic'"),
+    ({"max_pinned_fraction": 1.5}, "max_pinned_fraction=1.5"),
+    ({"default_ttl_s": "soon"}, "default_ttl_s='soon'"),
+    ({"cold_start_samples": 2.5}, "cold_start_samples=2.5"),
+    ({"no_such_setting": 1}, "unknown continuum setting 'no_such_setting'"),
+])
+def test_config_errors_name_the_bad_value(section, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        load_config({"continuum": section}, environ={})

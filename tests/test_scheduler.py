@@ -1,0 +1,342 @@
+"""The plugin's scheduler hooks on a real vLLM Scheduler and block pool.
+
+No model weights: ``harness.step`` feeds one sampled token per scheduled
+request, so vLLM's own scheduling, prefix caching and block freeing run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from harness import (
+    admitted_cached_tokens,
+    free_blocks,
+    make_request,
+    make_scheduler,
+    prompt_of,
+    run_until_finished,
+    step,
+    usable_blocks,
+)
+from vllm.v1.request import RequestStatus
+
+from vllm_continuum_plugin.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
+
+BLOCK = 16
+
+
+def assert_all_blocks_free(scheduler) -> None:
+    """The invariant: nothing running, nothing pinned -> every block free."""
+    assert not scheduler.running
+    assert len(getattr(scheduler, "pins", ())) == 0
+    assert free_blocks(scheduler) == usable_blocks(scheduler)
+
+
+def first_turn(scheduler, job: str, length: int = 100, **kwargs):
+    prompt = prompt_of(hash(job) % 997, length)
+    request = make_request(prompt, max_tokens=4, job_id=job, is_last_step=False, **kwargs)
+    scheduler.add_request(request)
+    run_until_finished(scheduler, [request])
+    return prompt, request
+
+
+def next_turn_prompt(prompt, first_request, extra: int = 40):
+    return list(prompt) + list(first_request.output_token_ids) + list(range(20, 20 + extra))
+
+
+def flood(scheduler, count: int = 8, length: int = 150):
+    others = [make_request(prompt_of(100 + i, length), max_tokens=4) for i in range(count)]
+    for r in others:
+        scheduler.add_request(r)
+    run_until_finished(scheduler, others)
+
+
+@pytest.mark.parametrize("policy, expect_hit", [("fcfs", False), ("continuum", True)])
+def test_pin_survives_a_flood_of_other_jobs(policy, expect_hit):
+    s = make_scheduler(policy, num_blocks=64, max_num_seqs=2)
+    prompt, r1 = first_turn(s, "agent")
+    flood(s)  # 8 x 150 tokens through a 63-block pool, two at a time
+    r2 = make_request(next_turn_prompt(prompt, r1), job_id="agent", is_last_step=True)
+    s.add_request(r2)
+    cached = admitted_cached_tokens(step(s), r2)
+    full_blocks_of_turn_one = (len(prompt) + 4 - 1) // BLOCK * BLOCK
+    assert cached == (full_blocks_of_turn_one if expect_hit else 0)
+    run_until_finished(s, [r2])
+    assert_all_blocks_free(s)
+
+
+def test_handoff_releases_pin_when_next_turn_is_admitted():
+    s = make_scheduler(num_blocks=64)
+    prompt, r1 = first_turn(s, "a")
+    pinned = s.pins.get("a").num_blocks
+    assert pinned == (len(prompt) + 3) // BLOCK and free_blocks(s) == usable_blocks(s) - pinned
+    r2 = make_request(next_turn_prompt(prompt, r1), job_id="a", is_last_step=False)
+    s.add_request(r2)
+    step(s)
+    assert "a" not in s.pins
+    snap = s.continuum_metrics.snapshot()
+    assert snap["pins_released"]["handoff"] == 1 and snap["pin_hit_tokens"] == pinned * BLOCK
+    run_until_finished(s, [r2])
+    assert "a" in s.pins  # the new turn pinned its own, longer prefix
+    assert s.pins.get("a").num_blocks > pinned
+
+
+def test_ttl_expiry_frees_blocks_even_when_idle():
+    s = make_scheduler(num_blocks=64, continuum={"default_ttl_s": 0.2})
+    first_turn(s, "a")
+    assert s.pins.get("a") is not None
+    step(s)  # vLLM reports the finished request to the workers
+    assert not s.has_requests()  # engine may sleep: nothing due yet
+    time.sleep(0.25)
+    assert s.has_requests()  # a due pin wakes the engine for one step
+    step(s)
+    assert s.continuum_metrics.snapshot()["pins_released"]["ttl"] == 1
+    assert not s.has_requests()
+    assert_all_blocks_free(s)
+
+
+def test_expired_pin_waits_for_its_queued_next_turn():
+    s = make_scheduler(num_blocks=64, max_num_seqs=1, continuum={"default_ttl_s": 0.05})
+    prompt, r1 = first_turn(s, "a")
+    blocker = make_request(prompt_of(500, 60), max_tokens=30)
+    s.add_request(blocker)
+    step(s)  # the blocker occupies the only running slot
+    r2 = make_request(next_turn_prompt(prompt, r1), job_id="a", is_last_step=True)
+    s.add_request(r2)
+    time.sleep(0.1)
+    step(s)
+    assert "a" in s.pins  # expired, but its next turn is queued: keep for hand-off
+    run_until_finished(s, [blocker, r2])
+    assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] == 1
+    assert_all_blocks_free(s)
+
+
+def test_last_step_frees_everything_and_never_pins():
+    s = make_scheduler(num_blocks=64)
+    prompt, r1 = first_turn(s, "a")
+    r2 = make_request(next_turn_prompt(prompt, r1), job_id="a", is_last_step=True)
+    s.add_request(r2)
+    run_until_finished(s, [r2])
+    assert_all_blocks_free(s)
+    assert s.jobs.get("a") is None  # job state forgotten
+
+
+def test_abort_of_next_turn_releases_pin_and_aborted_turn_is_not_pinned():
+    s = make_scheduler(num_blocks=64)
+    prompt, r1 = first_turn(s, "a")
+    r2 = make_request(next_turn_prompt(prompt, r1), max_tokens=50, job_id="a", is_last_step=False)
+    s.add_request(r2)
+    step(s)
+    step(s)
+    s.finish_requests(r2.request_id, RequestStatus.FINISHED_ABORTED)
+    assert "a" not in s.pins
+    assert_all_blocks_free(s)
+
+
+def test_stop_string_abort_is_treated_as_a_normal_finish():
+    # The API server aborts a request whose text hit a stop string; the turn
+    # is complete and its KV is worth keeping.
+    s = make_scheduler(num_blocks=64)
+    tokenizer = s._get_tokenizer()
+    stop_ids = tokenizer.encode("ls\n```", add_special_tokens=False)
+    r = make_request(prompt_of(3, 80), max_tokens=len(stop_ids) + 5, job_id="a", stop=["```"])
+    s.add_request(r)
+    for _ in range(len(stop_ids) + 1):
+        output = s.schedule()
+        ids = list(output.num_scheduled_tokens)
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        produced = r.num_output_tokens
+        tok = stop_ids[min(produced, len(stop_ids) - 1)]
+        s.update_from_output(
+            output,
+            ModelRunnerOutput(req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)}, sampled_token_ids=[[tok]]),
+        )
+    s.finish_requests(r.request_id, RequestStatus.FINISHED_ABORTED)
+    assert "a" in s.pins
+
+
+def test_pressure_releases_pins_before_preempting_or_blocking():
+    s = make_scheduler(num_blocks=40, max_num_seqs=4, continuum={"max_pinned_fraction": 1.0, "default_ttl_s": 60})
+    for job in ("a", "b", "c"):
+        first_turn(s, job, length=150)  # 10 blocks each stay pinned
+    assert len(s.pins) == 3 and s.pins.num_pinned_blocks == 27
+    big = make_request(prompt_of(900, 300), max_tokens=4)  # needs 19 blocks
+    s.add_request(big)
+    out = step(s)
+    assert admitted_cached_tokens(out, big) == 0  # admitted at once, not blocked
+    released = s.continuum_metrics.snapshot()["pins_released"]["pressure"]
+    assert released >= 1
+    # Latest-arriving jobs go first: "a" (the oldest) keeps its pin longest.
+    assert "a" in s.pins or released == 3
+    run_until_finished(s, [big])
+    assert s.continuum_metrics.snapshot().get("pins_created") == 3
+
+
+def test_no_running_request_is_preempted_while_pins_exist():
+    s = make_scheduler(num_blocks=48, max_num_seqs=4, continuum={"max_pinned_fraction": 1.0, "default_ttl_s": 60})
+    first_turn(s, "pinned", length=200)  # 13 blocks
+    # 3 x 200 tokens = 39 blocks: fits in the 47-block pool only without the pin.
+    runners = [make_request(prompt_of(700 + i, 100), max_tokens=100) for i in range(3)]
+    for r in runners:
+        s.add_request(r)
+    run_until_finished(s, runners, max_steps=2000)
+    assert all(r.num_preemptions == 0 for r in runners)
+    assert s.continuum_metrics.snapshot()["pins_released"]["pressure"] == 1
+
+
+def test_pin_cap_is_never_exceeded():
+    s = make_scheduler(num_blocks=65, continuum={"max_pinned_fraction": 0.25, "default_ttl_s": 60})
+    cap = s.max_pinned_blocks
+    assert cap == 16
+    for i in range(6):
+        first_turn(s, f"job{i}", length=100)  # 6 blocks each
+        assert s.pins.num_pinned_blocks <= cap
+    # Older jobs keep their pins; later arrivals are trimmed or not pinned.
+    assert "job0" in s.pins and "job1" in s.pins
+
+
+def test_overlapping_turns_of_one_job_do_not_crash_and_keep_one_pin():
+    s = make_scheduler(num_blocks=64)
+    p1, p2 = prompt_of(1, 60), prompt_of(1, 90)
+    r1 = make_request(p1, max_tokens=3, job_id="same", is_last_step=False)
+    r2 = make_request(p2, max_tokens=6, job_id="same", is_last_step=False)
+    s.add_request(r1)
+    s.add_request(r2)
+    run_until_finished(s, [r1, r2])
+    assert len(s.pins) == 1 and s.pins.get("same").request_id == r2.request_id
+    assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] == 1
+    r3 = make_request(p2, max_tokens=2, job_id="same", is_last_step=True)
+    s.add_request(r3)
+    run_until_finished(s, [r3])
+    assert_all_blocks_free(s)
+
+
+@pytest.mark.parametrize("job_id", [None])
+def test_requests_without_job_id_behave_like_fcfs(job_id):
+    s = make_scheduler(num_blocks=64)
+    rs = [make_request(prompt_of(i, 50), job_id=job_id) for i in range(4)]
+    for r in rs:
+        s.add_request(r)
+    run_until_finished(s, rs)
+    assert len(s.pins) == 0 and len(s.jobs) == 0
+    assert_all_blocks_free(s)
+
+
+def test_malformed_metadata_in_engine_serves_request_untagged(caplog):
+    s = make_scheduler(num_blocks=64)
+    r = make_request(prompt_of(1, 50), job_id="a", is_last_step="perhaps")
+    s.add_request(r)
+    run_until_finished(s, [r])
+    assert len(s.pins) == 0
+    assert_all_blocks_free(s)
+
+
+def test_booleans_as_strings_and_ints_are_understood():
+    s = make_scheduler(num_blocks=64)
+    for i, flag in enumerate(["false", 0, "0", False]):
+        first_turn(s, f"j{i}", extra={"is_last_step": flag})
+    assert len(s.pins) == 4
+    for i, flag in enumerate(["true", 1, "TRUE", True]):
+        r = make_request(prompt_of(i, 30), job_id=f"j{i}", is_last_step=flag)
+        s.add_request(r)
+        run_until_finished(s, [r])
+    assert_all_blocks_free(s)
+
+
+def test_hybrid_model_groups_are_pinned_and_released_together():
+    s = make_scheduler(num_blocks=96, hybrid=True, max_num_seqs=2)
+    prompt, r1 = first_turn(s, "h", length=120)
+    pin = s.pins.get("h")
+    full, window = pin.blocks_by_group
+    assert len(full) == (len(prompt) + 3) // BLOCK
+    assert 0 < len(window) <= len(full)  # only blocks inside the window
+    flood(s, count=6, length=150)
+    r2 = make_request(next_turn_prompt(prompt, r1), job_id="h", is_last_step=True)
+    s.add_request(r2)
+    cached = admitted_cached_tokens(step(s), r2)
+    assert cached == len(full) * BLOCK  # both groups hit, so the hit stands
+    run_until_finished(s, [r2])
+    assert_all_blocks_free(s)
+
+
+def test_reset_prefix_cache_and_shutdown_release_pins():
+    s = make_scheduler(num_blocks=64, continuum={"default_ttl_s": 60})
+    first_turn(s, "a")
+    assert s.reset_prefix_cache() is True
+    assert s.continuum_metrics.snapshot()["pins_released"]["reset"] == 1
+    first_turn(s, "b")
+    s.shutdown()
+    assert free_blocks(s) == usable_blocks(s)
+
+
+def test_prefix_caching_disabled_means_no_pins():
+    s = make_scheduler(num_blocks=64, enable_prefix_caching=False)
+    first_turn(s, "a")
+    assert len(s.pins) == 0 and free_blocks(s) == usable_blocks(s)
+
+
+def test_job_fcfs_queue_order_and_pinned_jobs_first():
+    s = make_scheduler(num_blocks=200, max_num_seqs=1)
+    t = time.time()
+    old_prompt, old_r1 = first_turn(s, "old", arrival_time=t - 100)
+    # Newer job's first turn and the old job's second turn, newer one first.
+    new = make_request(prompt_of(50, 40), job_id="new", arrival_time=t - 1)
+    old2 = make_request(next_turn_prompt(old_prompt, old_r1), job_id="old", arrival_time=t)
+    plain = make_request(prompt_of(51, 40), arrival_time=t - 50)
+    for r in (new, old2, plain):
+        s.add_request(r)
+    order = []
+    while len(order) < 3:
+        out = step(s)
+        order += [n.req_id for n in out.scheduled_new_reqs]
+        run_until_finished(s, [s.requests[n.req_id] for n in out.scheduled_new_reqs]) if out.scheduled_new_reqs else None
+    # "old" holds a pin -> first; then job-level FCFS: plain (t-50), new (t-1).
+    assert order == [old2.request_id, plain.request_id, new.request_id]
+
+
+def test_preemption_victim_is_latest_job_not_on_last_step():
+    s = make_scheduler(num_blocks=30, max_num_seqs=3, continuum={"max_pinned_fraction": 0.01})
+    t = time.time()
+    early = make_request(prompt_of(1, 100), max_tokens=120, job_id="early", arrival_time=t - 30)
+    late_last = make_request(prompt_of(2, 100), max_tokens=120, job_id="late-last", is_last_step=True, arrival_time=t - 10)
+    middle = make_request(prompt_of(3, 100), max_tokens=120, job_id="middle", arrival_time=t - 20)
+    for r in (early, late_last, middle):
+        s.add_request(r)
+    run_until_finished(s, [early, late_last, middle], max_steps=3000)
+    assert late_last.num_preemptions == 0 and early.num_preemptions == 0
+    assert middle.num_preemptions >= 1
+    assert_all_blocks_free(s)
+
+
+def test_policies_select_sync_and_async_scheduler_classes():
+    assert type(make_scheduler("continuum")) is ContinuumScheduler
+    assert type(make_scheduler("context_serve", async_scheduling=True)) is ContinuumAsyncScheduler
+    s = make_scheduler("context_serve", async_scheduling=True, num_blocks=64)
+    assert s.continuum_policy == "context_serve"
+    prompt, r1 = first_turn(s, "a")
+    assert "a" in s.pins
+
+
+def test_many_jobs_random_lifecycle_leave_no_block_behind():
+    import random
+
+    rng = random.Random(0)
+    s = make_scheduler(num_blocks=120, max_num_seqs=6, continuum={"default_ttl_s": 0.05})
+    live = []
+    for i in range(60):
+        job = f"j{rng.randrange(12)}"
+        last = rng.random() < 0.3
+        r = make_request(prompt_of(rng.randrange(12), rng.randrange(20, 200)), max_tokens=rng.randrange(1, 20),
+                         job_id=job if rng.random() < 0.9 else None, is_last_step=last)
+        s.add_request(r)
+        live.append(r)
+        for _ in range(rng.randrange(0, 4)):
+            step(s)
+        if rng.random() < 0.1 and not r.is_finished():
+            s.finish_requests(r.request_id, RequestStatus.FINISHED_ABORTED)
+    run_until_finished(s, live, max_steps=5000)
+    time.sleep(0.06)
+    step(s)
+    assert_all_blocks_free(s)
