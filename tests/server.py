@@ -1,0 +1,121 @@
+"""Start and stop a real ``vllm serve`` for tests and benchmarks.
+
+The server is the stock OpenAI-compatible server; the plugin is active only
+through its entry point. Processes are stopped by their own PID (process
+group), ports are picked free, and logs go to a file kept for failures.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+import requests
+
+__all__ = ["VLLMServer", "free_port", "parse_metrics"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {"name{labels}": value} (first sample wins)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            values.setdefault(name, float(value))
+        except ValueError:
+            continue
+    return values
+
+
+class VLLMServer:
+    def __init__(
+        self,
+        model: str,
+        args: Sequence[str] = (),
+        served_name: str = "model",
+        env: dict[str, str] | None = None,
+        startup_timeout_s: float = 300.0,
+    ) -> None:
+        self.model = model
+        self.served_name = served_name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.startup_timeout_s = startup_timeout_s
+        self.log_path = tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")[1]
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "VLLMServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model,
+            "--served-model-name", self.served_name,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            *self.args,
+        ]
+        log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+        deadline = time.time() + self.startup_timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"vllm serve not ready in {self.startup_timeout_s}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        # The server was started in its own session: signal its process
+        # group (API server + EngineCore + worker), by PID, never by name.
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            with open(self.log_path) as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(requests.get(self.url + "/metrics", timeout=10).text)
+
+    def metric(self, prefix: str) -> float:
+        """Sum of all samples whose name (with labels) starts with prefix."""
+        return sum(v for k, v in self.metrics().items() if k.startswith(prefix))

@@ -1,0 +1,198 @@
+"""End to end: real `vllm serve --scheduling-policy continuum`, real model.
+
+One server (the embedded SmolLM2-135M-Instruct, block size 32, a 96-block KV
+pool) serves all checks in this module; each test uses its own job ids.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import openai
+import pytest
+import requests
+from harness import DEFAULT_MODEL
+from server import VLLMServer
+
+pytestmark = pytest.mark.e2e
+
+NUM_BLOCKS = 96
+TTL_S = 15  # cold-start TTL: long enough to outlive the flood test
+BLOCK = 32
+BASH_REGEX = r"```bash\n(ls|cat main\.py|git status)\n```"
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not os.path.isdir(DEFAULT_MODEL):
+        pytest.fail(f"embedded model missing at {DEFAULT_MODEL}: run scripts/setup.sh")
+    args = [
+        "--scheduling-policy", "continuum",
+        "--block-size", str(BLOCK),
+        "--num-gpu-blocks-override", str(NUM_BLOCKS),
+        "--kv-cache-memory-bytes", "400000000",
+        "--max-model-len", "2048",
+        "--max-num-seqs", "8",
+        "--enforce-eager",
+        "--enable-prompt-tokens-details",
+        "--additional-config", '{"continuum": {"default_ttl_s": %d}}' % TTL_S,
+    ]
+    with VLLMServer(DEFAULT_MODEL, args, served_name="smollm2", env={"VLLM_LOGGING_LEVEL": "DEBUG"}) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+SYSTEM = "You are a software agent. Answer with exactly one ```bash block."
+TOOL_OUTPUTS = [
+    "main.py  test_main.py  README.md  setup.py",
+    "def add(a, b):\n    return a - b\n" * 6,
+    "./main.py:3: # TODO handle overflow\n./test_main.py:9: # TODO more tests\n" * 4,
+    "On branch main\nChanges not staged for commit:\n  modified:   main.py\n" * 3,
+]
+
+
+def chat(client, messages, job_id, last, max_tokens=24, **extra):
+    return client.chat.completions.create(
+        model="smollm2",
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body={"job_id": job_id, "is_last_step": last,
+                    "structured_outputs": {"regex": BASH_REGEX}, **extra},
+    )
+
+
+def kv_usage(server) -> float:
+    return server.metric("vllm:kv_cache_usage_perc")
+
+
+def wait_for(predicate, timeout=5.0, interval=0.05):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def test_field_report_check_pins_hold_through_tool_gaps_and_drop_after_last_step(server, client):
+    """The field report's verification, on stock vLLM + plugin."""
+    assert wait_for(lambda: kv_usage(server) == 0.0)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
+    usage_by_turn, cached = [], []
+    for turn in range(5):
+        last = turn == 4
+        r = chat(client, messages, "field-report", last)
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        if last:
+            break
+        time.sleep(0.15)  # let the snapshot thread publish
+        during_gap = []
+        for _ in range(3):  # the tool "runs"
+            time.sleep(0.3)
+            during_gap.append(kv_usage(server))
+        assert during_gap[0] > 0 and len(set(during_gap)) == 1, during_gap
+        assert server.metric("vllm_continuum:pinned_blocks") > 0
+        usage_by_turn.append(during_gap[0])
+        messages += [
+            {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": TOOL_OUTPUTS[turn]},
+        ]
+    assert usage_by_turn == sorted(usage_by_turn)  # context grows
+    assert all(c > 0 for c in cached[1:]), cached  # every later turn hit the pin
+    assert wait_for(lambda: kv_usage(server) == 0.0), "blocks left after the last step"
+    assert server.metric("vllm_continuum:pinned_blocks") == 0
+    # Each pin was taken over by the job's next turn.
+    assert server.metric('vllm_continuum:pins_released_total{engine="0",policy="continuum",reason="handoff"}') >= 4
+    log = open(server.log_path).read()
+    assert re.search(r"job field-report .* tool '(ls|cat|git status)'", log), "tool call not parsed"
+
+
+def test_next_turn_hits_cache_after_other_jobs_flood_the_pool(server, client):
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Read the code.\n" + TOOL_OUTPUTS[1] * 4}]
+    first = chat(client, messages, "flooded", False)
+    pinned_tokens = (first.usage.prompt_tokens + first.usage.completion_tokens - 1) // BLOCK * BLOCK
+    # Other jobs push ~2x the pool's capacity through it, one at a time, so
+    # stock vLLM would have evicted the first turn's freed blocks.
+    filler = "lorem ipsum dolor sit amet " * 200  # ~1,400 tokens each
+    for i in range(4):
+        client.completions.create(model="smollm2", prompt=f"{i} {filler}", max_tokens=1)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "Now run the tests."}]
+    second = chat(client, messages, "flooded", True)
+    assert second.usage.prompt_tokens_details.cached_tokens >= pinned_tokens - BLOCK
+
+
+def test_vllm_xargs_and_session_id_forms_create_pins(server, client):
+    before = server.metric("vllm_continuum:pins_created")
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Status?"}]
+    client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=8,
+        extra_body={"vllm_xargs": {"job_id": "xargs-job", "is_last_step": False}},
+    )
+    client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=8,
+        extra_headers={"X-Session-ID": "session-job"},
+    )
+    assert wait_for(lambda: server.metric("vllm_continuum:pins_created") >= before + 2)
+
+
+def test_request_without_job_id_is_served_and_never_pinned(server, client):
+    before = server.metric("vllm_continuum:pins_created")
+    r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    time.sleep(0.3)
+    assert server.metric("vllm_continuum:pins_created") == before
+
+
+@pytest.mark.parametrize("field, value", [
+    ("is_last_step", "maybe"), ("is_last_step", 2), ("job_id", ["a", "b"]), ("job_id", ""),
+])
+def test_malformed_metadata_is_a_400_naming_the_field(server, field, value):
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "job_id": "bad-input", "is_last_step": False}
+    body[field] = value
+    r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert field in r.text
+
+
+def test_short_ttl_expires_while_engine_is_idle(server, client):
+    # The client's own estimate gives a short TTL (about 0.4 s).
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
+    before = server.metric("vllm_continuum:pins_released_total{engine=\"0\",policy=\"continuum\",reason=\"ttl\"}")
+    chat(client, messages, "short-ttl", False, expected_tool_seconds=0.3)
+    time.sleep(2.0)  # nothing else runs: only the expiry wake-up can release it
+    after = server.metric("vllm_continuum:pins_released_total{engine=\"0\",policy=\"continuum\",reason=\"ttl\"}")
+    assert after == before + 1
+
+
+def test_abandoned_stream_is_aborted_without_pin(server, client):
+    created = server.metric("vllm_continuum:pins_created")
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Explain everything."}]
+    stream = client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=400, stream=True,
+        extra_body={"job_id": "aborted-job", "is_last_step": False},
+    )
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    time.sleep(1.0)
+    assert server.metric("vllm_continuum:pins_created") == created
+
+
+def test_zz_all_blocks_free_once_jobs_end_and_ttls_lapse(server):
+    """Runs last in this module: pins left by non-final turns lapse (TTL),
+    and then every KV block is free again."""
+    assert wait_for(
+        lambda: server.metric("vllm_continuum:pinned_blocks") == 0 and kv_usage(server) == 0.0,
+        timeout=TTL_S + 10,
+    )
