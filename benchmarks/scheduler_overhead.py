@@ -98,7 +98,7 @@ class StepWorkload:
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     warmup_steps: int = 200
-    steps: int = 400
+    steps: int = 1000
     repeats: int = 5
 
     @property
@@ -349,6 +349,7 @@ def step_report(workload: StepWorkload, samples: dict[str, StepSamples]) -> dict
     for part in ("schedule", "update_from_output", "schedule_plus_update", "add_request"):
         for stat in ("p50_us", "p90_us", "p99_us", "mean_us"):
             ratios[f"{part}.{stat}"] = cont[part][stat] / fcfs[part][stat]
+    report["schedule_by_admitted"] = _schedule_by_admitted(samples)
     block_ratios = [
         c / f for c, f in zip(cont["schedule_block_medians_us"], fcfs["schedule_block_medians_us"])
     ]
@@ -357,6 +358,19 @@ def step_report(workload: StepWorkload, samples: dict[str, StepSamples]) -> dict
     report["target_ratio"] = STEP_RATIO_TARGET
     report["pass"] = ratios["schedule.p50_us"] <= STEP_RATIO_TARGET
     return report
+
+
+def _schedule_by_admitted(samples: dict[str, StepSamples]) -> list[dict[str, Any]]:
+    """Median ``schedule()`` per number of requests the step admitted."""
+    rows: list[dict[str, Any]] = []
+    counts = sorted(set(samples["fcfs"].admitted) | set(samples["continuum"].admitted))
+    for admitted in counts:
+        row: dict[str, Any] = {"admitted": admitted}
+        for policy, s in samples.items():
+            times = [t for t, a in zip(s.schedule_ns, s.admitted) if a == admitted]
+            row[policy] = {"steps": len(times), "p50_us": float(np.median(times)) / 1e3 if times else float("nan")}
+        rows.append(row)
+    return rows
 
 
 # ----------------------------------------------------------------------
@@ -436,22 +450,27 @@ def _time_record_then_decide(
 # ----------------------------------------------------------------------
 # Output
 # ----------------------------------------------------------------------
+LABEL_WIDTH = 44
+
+
 def _row(label: str, fcfs: float, cont: float) -> str:
-    return f"  {label:<34}{fcfs:>12.1f}{cont:>14.1f}{cont / fcfs:>9.3f}x"
+    return f"  {label:<{LABEL_WIDTH}}{fcfs:>13.1f}{cont:>12.1f}{cont / fcfs:>9.3f}x"
 
 
 def print_step_report(report: dict[str, Any]) -> None:
     w = report["workload"]
     fcfs, cont = report["policies"]["fcfs"], report["policies"]["continuum"]
-    steps = fcfs["schedule"]["n"]
     print()
     print(
-        f"Scheduler step: {w['jobs']} jobs, {w['jobs'] * w['waiting_per_job']} waiting, pins held by continuum; "
-        f"pool {w['num_blocks']} x {w['block_size']}-token blocks, max_num_seqs {w['max_num_seqs']}, "
-        f"max_num_batched_tokens {w['max_num_batched_tokens']}"
+        f"Scheduler step: {w['jobs']} jobs, {w['jobs'] * w['waiting_per_job']} waiting requests, "
+        f"continuum holding one pin per job"
     )
-    print(f"  {steps} timed steps per policy ({w['repeats']} blocks of {w['steps']}, after {w['warmup_steps']} warm-up)")
-    print(f"  {'per step, microseconds':<34}{'fcfs (stock)':>12}{'continuum':>14}{'ratio':>10}")
+    print(
+        f"  pool {w['num_blocks']} blocks x {w['block_size']} tokens, max_num_seqs {w['max_num_seqs']}, "
+        f"max_num_batched_tokens {w['max_num_batched_tokens']}; {fcfs['schedule']['n']} timed steps per policy "
+        f"({w['repeats']} blocks of {w['steps']} after {w['warmup_steps']} warm-up, policies interleaved step by step)"
+    )
+    print(f"  {'per step, microseconds':<{LABEL_WIDTH}}{'fcfs (stock)':>13}{'continuum':>12}{'ratio':>10}")
     for part, name in (
         ("schedule", "schedule()"),
         ("update_from_output", "update_from_output()"),
@@ -459,18 +478,22 @@ def print_step_report(report: dict[str, Any]) -> None:
     ):
         for stat, label in (("p50_us", "median"), ("p90_us", "p90"), ("p99_us", "p99"), ("mean_us", "mean")):
             print(_row(f"{name} {label}", fcfs[part][stat], cont[part][stat]))
-    print(_row("add_request() per request, median", fcfs["add_request"]["p50_us"], cont["add_request"]["p50_us"]))
-    print(_row("add_request() per request, p99", fcfs["add_request"]["p99_us"], cont["add_request"]["p99_us"]))
+    for stat, label in (("p50_us", "median"), ("p99_us", "p99")):
+        print(_row(f"add_request() per request, {label}", fcfs["add_request"][stat], cont["add_request"][stat]))
+    for row in report["schedule_by_admitted"]:
+        f, c = row["fcfs"], row["continuum"]
+        label = f"schedule() median, steps admitting {row['admitted']}"
+        print(_row(label, f["p50_us"], c["p50_us"]) + f"   ({f['steps']} / {c['steps']} steps)")
     blocks = ", ".join(f"{r:.3f}" for r in report["schedule_p50_ratio_per_block"])
     print(f"  schedule() median ratio per block: {blocks}")
-    print("  state at each timed schedule() (min / mean / max):")
+    print("  state at each timed schedule(), min / mean / max:")
     for key, label in (
         ("waiting_at_schedule", "waiting requests"),
         ("pins_at_schedule", "live pins"),
         ("scheduled_per_step", "requests scheduled"),
         ("admitted_per_step", "requests admitted"),
     ):
-        cells = "   ".join(
+        cells = "    ".join(
             f"{policy} {s[key]['min']:.0f} / {s[key]['mean']:.1f} / {s[key]['max']:.0f}"
             for policy, s in report["policies"].items()
         )
@@ -536,7 +559,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="short run (smoke test): fewer steps and decisions")
     parser.add_argument("--repeats", type=int, default=None, help="timed blocks per policy (default 5; quick 2)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per block (default 400; quick 150)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per block (default 1000; quick 150)")
     parser.add_argument("--warmup-steps", type=int, default=None, help="untimed steps before timing (default 200; quick 50)")
     parser.add_argument("--decisions", type=int, default=None, help="timed TTL decisions per regime (default 20000; quick 3000)")
     parser.add_argument("--jobs", type=int, default=500, help="jobs, each holding one pin (default 500)")
@@ -564,7 +587,7 @@ def workloads_from_args(args: argparse.Namespace) -> tuple[StepWorkload, TTLWork
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         warmup_steps=pick(args.warmup_steps, 200, 50),
-        steps=pick(args.steps, 400, 150),
+        steps=pick(args.steps, 1000, 150),
         repeats=pick(args.repeats, 5, 2),
     )
     ttl = TTLWorkload(decisions=pick(args.decisions, 20000, 3000))

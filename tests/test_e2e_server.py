@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 from harness import DEFAULT_MODEL
-from server import VLLMServer
+from vllm_continuum_plugin.benchmarks.server import VLLMServer
 
 pytestmark = pytest.mark.e2e
 
