@@ -208,8 +208,8 @@ class SchedulerRig:
         )
         self._next_turn = [0] * workload.jobs
         self._created = 0
-        self._job_of: dict[str, int] = {}
         self._refill = False  # queue a new turn for every admitted one (after fill())
+        self._refill_job = 0  # next job to get a refill turn (round robin)
 
     # -- state ----------------------------------------------------------
     @property
@@ -235,7 +235,6 @@ class SchedulerRig:
             is_last_step=False,
             block_size=self.workload.block_size,
         )
-        self._job_of[request.request_id] = job
         return request
 
     def add_turn(self, job: int, timings: list[int] | None = None) -> Request:
@@ -259,7 +258,6 @@ class SchedulerRig:
 
     def fill(self) -> None:
         """Queue ``waiting_per_job`` turns per job; from now on keep it full."""
-        self._job_of.clear()
         for _ in range(self.workload.waiting_per_job):
             for job in range(self.workload.jobs):
                 self.add_turn(job)
@@ -285,10 +283,10 @@ class SchedulerRig:
             samples.admitted.append(len(output.scheduled_new_reqs))
         if not self._refill:
             return
-        for new_req in output.scheduled_new_reqs:
-            job = self._job_of.pop(new_req.req_id, None)
-            if job is not None:
-                self.add_turn(job, samples.add_request_ns if samples is not None else None)
+        timings = samples.add_request_ns if samples is not None else None
+        for _ in output.scheduled_new_reqs:
+            self.add_turn(self._refill_job, timings)
+            self._refill_job = (self._refill_job + 1) % self.workload.jobs
 
 
 def build_rigs(workload: StepWorkload, log: Callable[[str], None]) -> dict[str, SchedulerRig]:
