@@ -78,6 +78,7 @@ def _register_policies() -> None:
 
     arg_utils = sys.modules.get("vllm.engine.arg_utils")
     if arg_utils is not None and hasattr(arg_utils, "_compute_kwargs"):
+        _document_policies_in_help(arg_utils, SchedulerConfig)
         arg_utils._compute_kwargs.cache_clear()  # argparse choices are cached
 
     original = SchedulerConfig.get_scheduler_cls
@@ -91,6 +92,32 @@ def _register_policies() -> None:
 
     get_scheduler_cls.__doc__ = original.__doc__
     SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
+
+
+POLICY_HELP = (
+    '\n- "continuum" (vllm-continuum-plugin) keeps a finished non-final agent '
+    "turn's KV cache pinned for a TTL predicted from its tool call and orders "
+    "requests by job; tag requests with job_id / is_last_step."
+    '\n- "context_serve" (vllm-continuum-plugin) tool-aware variant of '
+    '"continuum"; for now it makes Continuum\'s TTL decisions.'
+)
+
+
+def _document_policies_in_help(arg_utils: ModuleType, config_cls: type) -> None:
+    """``--help`` renders field docstrings parsed from vLLM's source; append
+    the plugin's policies to the ``policy`` field's text."""
+    original = getattr(arg_utils, "get_attr_docs", None)
+    if original is None or getattr(original, "_continuum_patched", False):
+        return
+
+    def get_attr_docs(cls: type) -> dict[str, str]:
+        docs = original(cls)
+        if cls is config_cls and "policy" in docs and "continuum" not in docs["policy"]:
+            docs = {**docs, "policy": docs["policy"] + POLICY_HELP}
+        return docs
+
+    get_attr_docs._continuum_patched = True  # type: ignore[attr-defined]
+    arg_utils.get_attr_docs = get_attr_docs
 
 
 # ----------------------------------------------------------------------
