@@ -1,0 +1,519 @@
+"""A/B benchmark: scheduling policies on the same agent workload, one run.
+
+For every load (jobs/s) and every arm, the runner serves the same model with
+the same KV pool and flags except the policy (starting one ``vllm serve`` per
+arm, or using ``--url``), replays the *same* seeded set of agent jobs (same
+contents, same Poisson arrivals) to completion -- every job counts, failures
+are reported, never dropped -- and scrapes ``/metrics`` before and after.
+
+Each job re-sends its whole conversation every turn with ``job_id`` and
+``is_last_step`` (true only on its real final turn) and the turn's tool
+command as a client hint; between turns the tool "runs" for the workload's
+tool time and its output grows the context.
+
+Arms: ``fcfs`` (stock vLLM), ``continuum`` (paper's CDF TTL),
+``continuum-fixed`` (the released fork's fixed 2 s rule), ``context_serve``,
+and ``oracle`` (stock vLLM with a KV pool so large nothing is ever evicted:
+the physical limit). Output: a table per load (JCT mean/p50/p90/p95/p99,
+makespan, jobs/s, mean TTFT and latency, prefix-cache hit rate, preemptions,
+pins by release reason, change vs the first arm, share of the
+first-arm-to-oracle gap closed), per-turn latency by turn index, a JSON file
+with every per-job and per-turn record, and plots (JCT CDF, latency by turn
+index, KV usage over time, JCT vs load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import openai
+import requests
+
+from .server import VLLMServer, parse_metrics
+from .stats import format_table, gap_closed, relative_change, summarize
+from .workload import PRESETS, Job, generate_jobs, read_trace
+
+DEFAULT_MODEL_DIR = os.path.join(
+    os.environ.get("CONTINUUM_MODELS", os.path.expanduser("~/.cache/vllm-continuum/models")),
+    "smollm2-135m-instruct",
+)
+
+# arm name -> (policy, extra server args, uses the oracle pool)
+ARMS: dict[str, tuple[str, list[str], bool]] = {
+    "fcfs": ("fcfs", [], False),
+    "continuum": ("continuum", [], False),
+    "continuum-fixed": ("continuum", ["--additional-config", '{"continuum": {"ttl_policy": "fixed"}}'], False),
+    "context_serve": ("context_serve", [], False),
+    "oracle": ("fcfs", [], True),
+}
+
+_WORDS = (
+    "the file test function error value return module class import line call "
+    "result output path data list string number check build run fix patch "
+    "change update config option input index buffer token cache block queue "
+    "request server client agent tool shell command status branch commit diff "
+    "assert expected actual failed passed warning debug trace stack frame source"
+).split()
+
+
+def synthetic_text(tag: str, tokens: int, seed: int) -> str:
+    """About ``tokens`` tokens of text, unique to ``tag`` (so different jobs
+    never share a prefix beyond the system prompt)."""
+    import random
+
+    rng = random.Random(f"{tag}:{seed}")
+    words = [tag] + [rng.choice(_WORDS) for _ in range(max(0, tokens - 1))]
+    return " ".join(words)
+
+
+@dataclass
+class TurnRecord:
+    job_id: str
+    turn: int
+    start_s: float
+    ttft_s: float
+    latency_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    error: str | None = None
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    arrival_s: float
+    finish_s: float | None
+    jct_s: float | None
+    turns: list[TurnRecord] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    jobs_per_s: float
+    jobs: list[JobRecord]
+    metrics_before: dict[str, float]
+    metrics_after: dict[str, float]
+    kv_samples: list[tuple[float, float, float]]  # (t, kv usage, pinned blocks)
+    makespan_s: float
+
+
+class AgentReplayer:
+    """Replays one job's turns against the server (asyncio)."""
+
+    def __init__(self, client: openai.AsyncOpenAI, model: str, system_prompt: str, seed: int) -> None:
+        self.client = client
+        self.model = model
+        self.system_prompt = system_prompt
+        self.seed = seed
+
+    async def run(self, job: Job, t0: float) -> JobRecord:
+        await asyncio.sleep(max(0.0, t0 + job.arrival_s - time.time()))
+        record = JobRecord(job.job_id, job.arrival_s, None, None)
+        messages: list[dict[str, str]] = [{"role": "system", "content": self.system_prompt}]
+        try:
+            for turn in job.turns:
+                if turn.index == 0:
+                    content = synthetic_text(job.job_id, turn.new_tokens, self.seed)
+                else:
+                    content = synthetic_text(f"{job.job_id}-out{turn.index}", turn.new_tokens, self.seed)
+                messages.append({"role": "user", "content": content})
+                last = turn.index == job.num_turns - 1
+                turn_record, reply = await self._turn(job, turn.index, turn.output_tokens, turn.tool_command, messages, last)
+                record.turns.append(turn_record)
+                messages.append({"role": "assistant", "content": reply})
+                if not last:
+                    await asyncio.sleep(turn.tool_seconds)
+            record.finish_s = time.time() - t0
+            record.jct_s = record.finish_s - job.arrival_s
+        except Exception as e:  # reported per job, never dropped
+            record.error = f"{type(e).__name__}: {e}"[:300]
+        return record
+
+    async def _turn(self, job: Job, index: int, max_tokens: int, tool_command: str,
+                    messages: list[dict[str, str]], last: bool) -> tuple[TurnRecord, str]:
+        extra: dict[str, Any] = {"job_id": job.job_id, "is_last_step": last, "ignore_eos": True}
+        if tool_command:
+            extra["tool_command"] = tool_command
+        start = time.time()
+        first: float | None = None
+        pieces: list[str] = []
+        usage = None
+        stream = await self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=max_tokens, temperature=0.0,
+            stream=True, stream_options={"include_usage": True}, extra_body=extra,
+        )
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                if first is None:
+                    first = time.time()
+                pieces.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                usage = chunk.usage
+        end = time.time()
+        details = getattr(usage, "prompt_tokens_details", None) if usage else None
+        return TurnRecord(
+            job_id=job.job_id, turn=index, start_s=start, ttft_s=(first or end) - start,
+            latency_s=end - start,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            cached_tokens=(details.cached_tokens or 0) if details else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+        ), "".join(pieces)
+
+
+class KVSampler(threading.Thread):
+    """Samples KV usage and pinned blocks from /metrics while an arm runs."""
+
+    def __init__(self, url: str, interval_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float, float]] = []
+        self._stop_event = threading.Event()
+        self._t0 = time.time()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            try:
+                m = parse_metrics(requests.get(self.url + "/metrics", timeout=5).text)
+            except requests.RequestException:
+                continue
+            self.samples.append((
+                time.time() - self._t0,
+                metric_total(m, "vllm:kv_cache_usage_perc"),
+                metric_total(m, "vllm_continuum:pinned_blocks"),
+            ))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+
+def metric_total(metrics: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith(prefix))
+
+
+async def run_jobs(url: str, model: str, jobs: list[Job], seed: int, max_concurrency: int, progress: bool) -> tuple[list[JobRecord], float]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+    client = openai.AsyncOpenAI(
+        base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600,
+        http_client=httpx.AsyncClient(limits=limits, timeout=600),
+    )
+    system_prompt = synthetic_text("system", jobs[0].system_tokens if jobs else 120, 0)
+    replayer = AgentReplayer(client, model, system_prompt, seed)
+    t0 = time.time() + 0.5
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), desc="jobs", unit="job", leave=False)
+
+    async def one(job: Job) -> JobRecord:
+        record = await replayer.run(job, t0)
+        if bar is not None:
+            bar.update(1)
+        return record
+
+    records = await asyncio.gather(*(one(j) for j in jobs))
+    makespan = time.time() - t0
+    if bar is not None:
+        bar.close()
+    await client.close()
+    return list(records), makespan
+
+
+def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str]:
+    policy, extra, oracle = ARMS[arm]
+    num_blocks = args.num_blocks
+    if oracle:
+        # Every job's whole context at once, plus headroom: nothing is evicted.
+        per_job = max(j.context_tokens() for j in jobs) // args.block_size + 2
+        num_blocks = max(num_blocks, per_job * len(jobs) + 64)
+    kv_bytes = max(args.kv_cache_memory_bytes, num_blocks * args.block_size * args.kv_bytes_per_token)
+    return [
+        "--scheduling-policy", policy,
+        "--block-size", str(args.block_size),
+        "--num-gpu-blocks-override", str(num_blocks),
+        "--kv-cache-memory-bytes", str(kv_bytes),
+        "--max-model-len", str(args.max_model_len),
+        "--max-num-seqs", str(args.max_num_seqs),
+        "--enable-prompt-tokens-details",
+        *(["--enforce-eager"] if args.enforce_eager else []),
+        *extra,
+        *args.server_arg,
+    ]
+
+
+def run_arm(args: argparse.Namespace, arm: str, jobs: list[Job], jobs_per_s: float) -> ArmResult:
+    def execute(url: str) -> ArmResult:
+        warm_up(url, args.served_name)
+        reset_prefix_cache(url)
+        before = parse_metrics(requests.get(url + "/metrics", timeout=10).text)
+        sampler = KVSampler(url)
+        sampler.start()
+        records, makespan = asyncio.run(run_jobs(url, args.served_name, jobs, args.seed, args.max_concurrency, not args.no_progress))
+        sampler.stop()
+        time.sleep(0.3)  # the plugin publishes its counters every 0.1 s
+        after = parse_metrics(requests.get(url + "/metrics", timeout=10).text)
+        return ArmResult(arm, jobs_per_s, records, before, after, sampler.samples, makespan)
+
+    if args.url:
+        return execute(args.url.rstrip("/"))
+    # Dev mode only for /reset_prefix_cache between warm-up and measurement.
+    with VLLMServer(args.model, server_args(args, arm, jobs), served_name=args.served_name,
+                    env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
+        print(f"  [{arm}] server ready ({server.url}, log {server.log_path})", flush=True)
+        return execute(server.url)
+
+
+def warm_up(url: str, model: str) -> None:
+    """First requests of a fresh CPU server pay one-off kernel set-up costs
+    (seconds); pay them outside the measurement, for every arm alike."""
+    for tokens in (64, 600, 1800):
+        requests.post(url + "/v1/completions", timeout=300, json={
+            "model": model, "prompt": synthetic_text(f"warmup{tokens}", tokens, 0),
+            "max_tokens": 4, "ignore_eos": True,
+        })
+
+
+def reset_prefix_cache(url: str) -> None:
+    """Between arms on a shared server (needs VLLM_SERVER_DEV_MODE=1)."""
+    try:
+        r = requests.post(url.rstrip("/") + "/reset_prefix_cache", timeout=30)
+        if r.status_code != 200:
+            print(f"  warning: /reset_prefix_cache answered {r.status_code}; arms share a warm cache", file=sys.stderr)
+    except requests.RequestException as e:
+        print(f"  warning: cannot reset prefix cache: {e}", file=sys.stderr)
+
+
+# ----------------------------------------------------------------------
+# Reporting
+# ----------------------------------------------------------------------
+def arm_summary(result: ArmResult) -> dict[str, Any]:
+    done = [j for j in result.jobs if j.jct_s is not None]
+    jct = summarize([j.jct_s for j in done]) if done else {}
+    turns = [t for j in done for t in j.turns]
+    delta = lambda name: metric_total(result.metrics_after, name) - metric_total(result.metrics_before, name)
+    queries = delta("vllm:prefix_cache_queries_total")
+    reasons = {}
+    for key, value in result.metrics_after.items():
+        if key.startswith("vllm_continuum:pins_released_total"):
+            reason = key.split('reason="')[1].split('"')[0]
+            reasons[reason] = value - result.metrics_before.get(key, 0.0)
+    return {
+        "arm": result.arm,
+        "jobs_per_s": result.jobs_per_s,
+        "jobs": len(result.jobs),
+        "failed": len(result.jobs) - len(done),
+        "jct_mean": jct.get("mean", float("nan")),
+        "jct_p50": jct.get("p50", float("nan")),
+        "jct_p90": jct.get("p90", float("nan")),
+        "jct_p95": jct.get("p95", float("nan")),
+        "jct_p99": jct.get("p99", float("nan")),
+        "makespan": result.makespan_s,
+        "throughput": len(done) / result.makespan_s if result.makespan_s > 0 else 0.0,
+        "ttft_mean": sum(t.ttft_s for t in turns) / len(turns) if turns else float("nan"),
+        "latency_mean": sum(t.latency_s for t in turns) / len(turns) if turns else float("nan"),
+        "hit_rate": delta("vllm:prefix_cache_hits_total") / queries if queries else 0.0,
+        "preemptions": delta("vllm:num_preemptions_total"),
+        "pins": delta("vllm_continuum:pins_created"),
+        "released": reasons,
+        "errors": [j.error for j in result.jobs if j.error],
+    }
+
+
+def latency_by_turn(result: ArmResult) -> dict[int, float]:
+    by_turn: dict[int, list[float]] = {}
+    for job in result.jobs:
+        for t in job.turns:
+            by_turn.setdefault(t.turn, []).append(t.latency_s)
+    return {k: sum(v) / len(v) for k, v in sorted(by_turn.items())}
+
+
+def print_report(results: list[ArmResult]) -> list[dict[str, Any]]:
+    rows = [arm_summary(r) for r in results]
+    base = rows[0]
+    oracle = next((r for r in rows if r["arm"] == "oracle"), None)
+    for row in rows:
+        row["vs_first_mean"] = relative_change(row["jct_mean"], base["jct_mean"]) if base["jct_mean"] else 0.0
+        row["vs_first_p95"] = relative_change(row["jct_p95"], base["jct_p95"]) if base["jct_p95"] else 0.0
+        row["gap_closed"] = (
+            gap_closed(row["jct_mean"], base["jct_mean"], oracle["jct_mean"])
+            if oracle is not None and abs(base["jct_mean"] - oracle["jct_mean"]) > 1e-9
+            else float("nan")
+        )
+        row["released_text"] = " ".join(f"{k}={v:.0f}" for k, v in row["released"].items() if v) or "-"
+    columns = [
+        ("arm", "arm", ""), ("jobs", "jobs", "d"), ("failed", "fail", "d"),
+        ("jct_mean", "JCT mean", ".2f"), ("jct_p50", "p50", ".2f"), ("jct_p90", "p90", ".2f"),
+        ("jct_p95", "p95", ".2f"), ("jct_p99", "p99", ".2f"), ("makespan", "makespan", ".1f"),
+        ("throughput", "jobs/s", ".3f"), ("ttft_mean", "TTFT", ".3f"), ("latency_mean", "turn lat", ".3f"),
+        ("hit_rate", "hit rate", ".1%"), ("preemptions", "preempt", ".0f"), ("pins", "pins", ".0f"),
+        ("vs_first_mean", "dMean", "+.1%"), ("vs_first_p95", "dP95", "+.1%"), ("gap_closed", "gap closed", ".0%"),
+    ]
+    print(f"\n== load {results[0].jobs_per_s} jobs/s ==")
+    print(format_table(rows, columns))
+    print("pins released by reason: " + "; ".join(f"{r['arm']}: {r['released_text']}" for r in rows))
+    turn_rows = []
+    for r in results:
+        row: dict[str, Any] = {"arm": r.arm}
+        row.update({f"t{k}": v for k, v in latency_by_turn(r).items()})
+        turn_rows.append(row)
+    max_turn = max((len(latency_by_turn(r)) for r in results), default=0)
+    print("mean latency (s) by turn index:")
+    print(format_table(turn_rows, [("arm", "arm", "")] + [(f"t{i}", f"t{i}", ".2f") for i in range(max_turn)]))
+    for row in rows:
+        for error in row["errors"][:3]:
+            print(f"  {row['arm']}: failed job: {error}")
+    return rows
+
+
+def write_outputs(out_dir: str, all_results: list[list[ArmResult]], summaries: list[list[dict[str, Any]]], args: argparse.Namespace) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    payload = {
+        "args": {k: v for k, v in vars(args).items() if k != "func"},
+        "loads": [
+            {
+                "summary": [{k: v for k, v in s.items() if k != "errors"} for s in summ],
+                "arms": [
+                    {"arm": r.arm, "jobs_per_s": r.jobs_per_s, "makespan_s": r.makespan_s,
+                     "jobs": [asdict(j) for j in r.jobs], "kv_samples": r.kv_samples}
+                    for r in results
+                ],
+            }
+            for results, summ in zip(all_results, summaries)
+        ],
+    }
+    path = os.path.join(out_dir, "ab_results.json")
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    print(f"\nrecords: {path}")
+    try:
+        plot(out_dir, all_results, summaries)
+    except ImportError:
+        print("matplotlib not installed: no plots (pip install matplotlib)")
+
+
+def plot(out_dir: str, all_results: list[list[ArmResult]], summaries: list[list[dict[str, Any]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for results in all_results:
+        load = results[0].jobs_per_s
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        for r in results:
+            jcts = sorted(j.jct_s for j in r.jobs if j.jct_s is not None)
+            if jcts:
+                axes[0].step(jcts, [(i + 1) / len(jcts) for i in range(len(jcts))], where="post", label=r.arm)
+            by_turn = latency_by_turn(r)
+            axes[1].plot(list(by_turn), list(by_turn.values()), marker="o", label=r.arm)
+            if r.kv_samples:
+                axes[2].plot([s[0] for s in r.kv_samples], [s[1] for s in r.kv_samples], label=r.arm)
+        axes[0].set(title=f"JCT CDF ({load} jobs/s)", xlabel="job completion time (s)", ylabel="share of jobs")
+        axes[1].set(title="mean turn latency by turn index", xlabel="turn", ylabel="seconds")
+        axes[2].set(title="KV cache usage", xlabel="time (s)", ylabel="usage")
+        for ax in axes:
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"ab_load_{load}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(f"plot: {path}")
+    if len(all_results) > 1:
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        arms = [s["arm"] for s in summaries[0]]
+        for arm in arms:
+            xs = [s["jobs_per_s"] for summ in summaries for s in summ if s["arm"] == arm]
+            ys = [s["jct_mean"] for summ in summaries for s in summ if s["arm"] == arm]
+            ax.plot(xs, ys, marker="o", label=arm)
+        ax.set(title="mean JCT vs load", xlabel="jobs/s", ylabel="mean JCT (s)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        path = os.path.join(out_dir, "jct_vs_load.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(f"plot: {path}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-continuum-ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--arms", default="fcfs,continuum,continuum-fixed,oracle",
+                   help=f"comma-separated arms, the first is the baseline; known: {', '.join(ARMS)} "
+                        "(default: fcfs,continuum,continuum-fixed,oracle)")
+    p.add_argument("--workload", default="cpu-small", choices=sorted(PRESETS),
+                   help="workload preset (default: cpu-small); see benchmarks/workload.py")
+    p.add_argument("--trace", help="replay this trace file (JSON lines) instead of a preset")
+    p.add_argument("--jobs", type=int, default=24, help="jobs per arm (default: 24)")
+    p.add_argument("--jobs-per-s", default="0.25,1.0",
+                   help="comma-separated Poisson arrival rates; one table per rate (default: 0.25,1.0)")
+    p.add_argument("--tool-output-scale", type=float, default=1.0, help="multiplies tool output tokens (default: 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed, identical for every arm (default: 0)")
+    p.add_argument("--url", help="target a running server (all arms hit it; needs VLLM_SERVER_DEV_MODE=1 for cache reset)")
+    p.add_argument("--model", default=DEFAULT_MODEL_DIR, help="model directory (default: embedded SmolLM2-135M)")
+    p.add_argument("--served-name", default="smollm2", help="served model name (default: smollm2)")
+    p.add_argument("--block-size", type=int, default=32, help="KV block size (default: 32)")
+    p.add_argument("--num-blocks", type=int, default=160,
+                   help="KV pool in blocks for every arm but oracle (default: 160 = 5,120 tokens)")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=400_000_000,
+                   help="KV memory given to vLLM; raised automatically for the oracle pool (default: 4e8)")
+    p.add_argument("--kv-bytes-per-token", type=int, default=2 * 30 * 3 * 64 * 2,
+                   help="KV bytes per token of the model, to size the oracle pool (default: SmolLM2-135M bf16)")
+    p.add_argument("--max-model-len", type=int, default=4096, help="(default: 4096)")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="(default: 16)")
+    p.add_argument("--max-concurrency", type=int, default=256, help="client connection limit (default: 256)")
+    p.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false",
+                   help="let vLLM compile (slower start); eager is the default")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra argument for every vllm serve (repeatable), e.g. --server-arg=--dtype=bfloat16")
+    p.add_argument("--out", default="results/ab", help="output directory (default: results/ab)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        print(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}", file=sys.stderr)
+        return 2
+    loads = [float(x) for x in args.jobs_per_s.split(",") if x.strip()]
+    all_results: list[list[ArmResult]] = []
+    summaries: list[list[dict[str, Any]]] = []
+    for load in loads:
+        if args.trace:
+            jobs = read_trace(args.trace, jobs_per_s=load, seed=args.seed)[: args.jobs]
+        else:
+            jobs = generate_jobs(PRESETS[args.workload](args.jobs, load, args.tool_output_scale), args.seed)
+        print(f"load {load} jobs/s: {len(jobs)} jobs, {sum(j.num_turns for j in jobs)} turns, "
+              f"arms {', '.join(arms)}", flush=True)
+        results = []
+        for arm in arms:
+            t = time.time()
+            results.append(run_arm(args, arm, jobs, load))
+            print(f"  [{arm}] done in {time.time() - t:.0f}s", flush=True)
+        all_results.append(results)
+        summaries.append(print_report(results))
+    write_outputs(args.out, all_results, summaries, args)
+    return 0 if all(s["failed"] == 0 for summ in summaries for s in summ) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
