@@ -14,7 +14,6 @@ Everything here is pure Python + numpy, touched only from the scheduler thread.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -33,36 +32,50 @@ __all__ = [
 class _SortedSamples:
     """FIFO-bounded multiset of floats that is always available sorted.
 
-    Invariant: ``sorted_values`` holds exactly the values of ``fifo``, sorted.
+    Invariant: ``_sorted[:_n]`` holds exactly the values of ``fifo``, in
+    ascending order. Inserts and evictions shift the array in place
+    (memmove), so the CDF rule reads a ready numpy array after every new
+    sample instead of rebuilding one.
     """
 
-    __slots__ = ("fifo", "sorted_values", "_array", "max_samples")
+    __slots__ = ("fifo", "_sorted", "_n", "_sum", "max_samples")
 
     def __init__(self, max_samples: int) -> None:
         self.max_samples = max_samples
         self.fifo: deque[float] = deque()
-        self.sorted_values: list[float] = []
-        self._array: np.ndarray | None = None
+        self._sorted = np.empty(min(max_samples, 64), dtype=np.float64)
+        self._n = 0
+        self._sum = 0.0
 
     def add(self, value: float) -> None:
-        if len(self.fifo) >= self.max_samples:
+        if self._n >= self.max_samples:
             oldest = self.fifo.popleft()
-            del self.sorted_values[bisect.bisect_left(self.sorted_values, oldest)]
+            self._sum -= oldest
+            i = int(np.searchsorted(self._sorted[: self._n], oldest))
+            self._sorted[i : self._n - 1] = self._sorted[i + 1 : self._n]
+            self._n -= 1
+        if self._n == self._sorted.shape[0]:
+            grown = np.empty(min(self.max_samples, 2 * self._n), dtype=np.float64)
+            grown[: self._n] = self._sorted[: self._n]
+            self._sorted = grown
+        i = int(np.searchsorted(self._sorted[: self._n], value, side="right"))
+        self._sorted[i + 1 : self._n + 1] = self._sorted[i : self._n]
+        self._sorted[i] = value
+        self._n += 1
         self.fifo.append(value)
-        bisect.insort(self.sorted_values, value)
-        self._array = None
+        self._sum += value
 
     def as_array(self) -> np.ndarray:
-        """Sorted samples as a numpy array (cached until the next add)."""
-        if self._array is None:
-            self._array = np.asarray(self.sorted_values, dtype=np.float64)
-        return self._array
+        """Sorted samples (a read-only view, valid until the next add)."""
+        view = self._sorted[: self._n]
+        view.flags.writeable = False
+        return view
 
     def __len__(self) -> int:
-        return len(self.fifo)
+        return self._n
 
     def mean(self) -> float:
-        return math.fsum(self.fifo) / len(self.fifo) if self.fifo else 0.0
+        return self._sum / self._n if self._n else 0.0
 
 
 class ToolDurationHistory:

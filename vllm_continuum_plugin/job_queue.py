@@ -29,19 +29,10 @@ __all__ = ["ContinuumRequestQueue", "PriorityKey"]
 PriorityKey = tuple[int, float, float]
 
 
-class _Entry:
-    __slots__ = ("key", "seq", "request", "alive")
-
-    def __init__(self, key: PriorityKey, seq: int, request: Request) -> None:
-        self.key = key
-        self.seq = seq
-        self.request = request
-        self.alive = True
-
-    def __lt__(self, other: "_Entry") -> bool:
-        if self.key != other.key:
-            return self.key < other.key
-        return self.seq < other.seq
+# Heap entry: (*key, seq, request). ``seq`` is unique, so tuple comparison
+# (done in C) never reaches the request. An entry is live iff the request's
+# current seq in ``_live`` equals its own.
+_Entry = tuple
 
 
 class ContinuumRequestQueue(RequestQueue):
@@ -50,32 +41,36 @@ class ContinuumRequestQueue(RequestQueue):
     def __init__(self, key_fn: Callable[[Request], PriorityKey]) -> None:
         self._key_fn = key_fn
         self._heap: list[_Entry] = []
-        self._entries: dict[Request, _Entry] = {}
+        self._live: dict[Request, int] = {}
         self._seq = itertools.count()
+        # Heap entries that are no longer live (lets peek/pop skip the
+        # staleness check in the common case of none).
+        self._num_stale = 0
 
     # -- RequestQueue interface -------------------------------------------
     def add_request(self, request: Request) -> None:
-        old = self._entries.get(request)
-        if old is not None:  # re-adding a queued request only refreshes its key
-            old.alive = False
-        entry = _Entry(self._key_fn(request), next(self._seq), request)
-        self._entries[request] = entry
-        heapq.heappush(self._heap, entry)
-        self._maybe_compact()
+        # Re-adding a queued request refreshes its key (the old entry goes stale).
+        seq = next(self._seq)
+        if self._live.get(request) is not None:
+            self._num_stale += 1
+        self._live[request] = seq
+        heapq.heappush(self._heap, (*self._key_fn(request), seq, request))
+        if self._num_stale > len(self._live) + 64:
+            self._compact()
 
     def pop_request(self) -> Request:
         self._drop_stale_top()
         if not self._heap:
             raise IndexError("pop from an empty ContinuumRequestQueue")
-        entry = heapq.heappop(self._heap)
-        del self._entries[entry.request]
-        return entry.request
+        request = heapq.heappop(self._heap)[-1]
+        del self._live[request]
+        return request
 
     def peek_request(self) -> Request:
         self._drop_stale_top()
         if not self._heap:
             raise IndexError("peek from an empty ContinuumRequestQueue")
-        return self._heap[0].request
+        return self._heap[0][-1]
 
     def prepend_request(self, request: Request) -> None:
         # "Front of the queue" is where the key puts it: preempted requests
@@ -88,44 +83,45 @@ class ContinuumRequestQueue(RequestQueue):
             self.add_request(request)
 
     def remove_request(self, request: Request) -> None:
-        entry = self._entries.pop(request, None)
-        if entry is None:
+        if self._live.pop(request, None) is None:
             raise ValueError(f"request {request.request_id} is not in the queue")
-        entry.alive = False
-        self._maybe_compact()
+        self._num_stale += 1
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
         for request in requests:
-            entry = self._entries.pop(request, None)
-            if entry is not None:
-                entry.alive = False
-        self._maybe_compact()
+            if self._live.pop(request, None) is not None:
+                self._num_stale += 1
 
     def __bool__(self) -> bool:
-        return bool(self._entries)
+        return bool(self._live)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._live)
 
     def __iter__(self) -> Iterator[Request]:
-        return (e.request for e in sorted(self._entries.values()))
+        live = self._live
+        return (e[-1] for e in sorted(e for e in self._heap if live.get(e[-1]) == e[-2]))
 
     # -- Continuum extensions ---------------------------------------------
     def __contains__(self, request: object) -> bool:
-        return request in self._entries
+        return request in self._live
 
     def reprioritize(self, requests: Iterable[Request]) -> None:
         """Recompute the keys of queued requests (others are ignored)."""
         for request in requests:
-            if request in self._entries:
+            if request in self._live:
                 self.add_request(request)
 
     def _drop_stale_top(self) -> None:
-        heap = self._heap
-        while heap and not heap[0].alive:
+        if not self._num_stale:
+            return
+        heap, live = self._heap, self._live
+        while heap and live.get(heap[0][-1]) != heap[0][-2]:
             heapq.heappop(heap)
+            self._num_stale -= 1
 
-    def _maybe_compact(self) -> None:
-        if len(self._heap) > 2 * len(self._entries) + 64:
-            self._heap = [e for e in self._heap if e.alive]
-            heapq.heapify(self._heap)
+    def _compact(self) -> None:
+        live = self._live
+        self._heap = [e for e in self._heap if live.get(e[-1]) == e[-2]]
+        heapq.heapify(self._heap)
+        self._num_stale = 0

@@ -41,9 +41,6 @@ class Pin:
     def __post_init__(self) -> None:
         self.num_blocks = sum(len(g) for g in self.blocks_by_group)
 
-    def block_ids(self, group: int = 0) -> set[int]:
-        return {b.block_id for b in self.blocks_by_group[group]} if self.blocks_by_group else set()
-
 
 class PinTable:
     def __init__(self) -> None:

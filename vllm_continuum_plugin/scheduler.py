@@ -62,6 +62,10 @@ _NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_
 # Queue tiers (smaller is served first).
 _TIER_PREEMPTED, _TIER_PINNED_JOB, _TIER_REST = 0, 1, 2
 _META_ATTR = "_continuum_meta"
+_RUN_KEY_ATTR = "_continuum_run_key"
+_JOB_ARRIVAL_ATTR = "_continuum_job_arrival"
+# The tool call sits at the end of a reply: decoding its tail is enough.
+_REPLY_TAIL_TOKENS = 512
 
 
 def _meta(request: Request) -> JobMetadata:
@@ -156,13 +160,11 @@ class ContinuumSchedulerMixin:
     # ------------------------------------------------------------------
     # Queue ordering
     # ------------------------------------------------------------------
-    def _job_first_arrival(self, request: Request) -> float:
-        job_id = _meta(request).job_id
-        if job_id is not None:
-            job = self.jobs.get(job_id)
-            if job is not None:
-                return job.first_arrival
-        return request.arrival_time
+    @staticmethod
+    def _job_first_arrival(request: Request) -> float:
+        """First arrival of the request's job (set once at add_request), or
+        the request's own arrival for untagged requests."""
+        return getattr(request, _JOB_ARRIVAL_ATTR, request.arrival_time)
 
     def _queue_key(self, request: Request) -> PriorityKey:
         if request.status == RequestStatus.PREEMPTED:
@@ -184,13 +186,14 @@ class ContinuumSchedulerMixin:
         not on its last step there. Timsort makes the usual already-sorted
         case O(n)."""
         if len(self.running) > 1:
-            self.running.sort(
-                key=lambda r: (
-                    not _meta(r).is_last_step,
-                    self._job_first_arrival(r),
-                    r.arrival_time,
-                )
-            )
+            self.running.sort(key=self._running_key)
+
+    def _running_key(self, request: Request) -> tuple[bool, float, float]:
+        key = getattr(request, _RUN_KEY_ATTR, None)
+        if key is None:  # computed once per request: its job's arrival is fixed
+            key = (not _meta(request).is_last_step, self._job_first_arrival(request), request.arrival_time)
+            setattr(request, _RUN_KEY_ATTR, key)
+        return key
 
     # ------------------------------------------------------------------
     # Request arrival
@@ -202,7 +205,6 @@ class ContinuumSchedulerMixin:
             if meta.job_id is not None:
                 self._on_job_arrival(request, meta)
         super().add_request(request)  # type: ignore[misc]
-        self._running_order_dirty = True
 
     def _parse_request_metadata(self, request: Request) -> JobMetadata:
         params = request.sampling_params
@@ -221,7 +223,8 @@ class ContinuumSchedulerMixin:
 
     def _on_job_arrival(self, request: Request, meta: JobMetadata) -> None:
         assert meta.job_id is not None
-        _, measured, tool_key = self.jobs.on_arrival(meta.job_id, request.arrival_time)
+        job, measured, tool_key = self.jobs.on_arrival(meta.job_id, request.arrival_time)
+        setattr(request, _JOB_ARRIVAL_ATTR, job.first_arrival)
         if measured is not None:
             self.tool_history.record(tool_key or NO_TOOL_KEY, measured)
             self.continuum_metrics.on_tool_time(measured)
@@ -265,10 +268,11 @@ class ContinuumSchedulerMixin:
                 continue
             self._forget_waiting(request)
             num_new = output.num_scheduled_tokens.get(new_req.req_id, 0)
+            # Prefix-cache hit of this admission (local + external tokens).
+            cached = new_req.num_computed_tokens
             if num_new > 0:
-                # Tokens this admission must compute (prompt minus cache hit);
-                # timed until the first output token.
-                cached = request.num_computed_tokens - num_new
+                # Tokens this admission must compute, timed until the first
+                # output token.
                 self._prefill_started[request.request_id] = (
                     now,
                     max(1, request.num_prompt_tokens - cached),
@@ -278,7 +282,10 @@ class ContinuumSchedulerMixin:
                 continue
             pin = self.pins.get(job_id)
             if pin is not None:
-                self._release_pin(job_id, "handoff", hit_request=request)
+                # The pin holds the job's previous prefix, so a hit covers the
+                # pinned blocks first (group 0: the full-attention prefix).
+                pinned_tokens = len(pin.blocks_by_group[0]) * self.block_size if pin.blocks_by_group else 0
+                self._release_pin(job_id, "handoff", hit_tokens=min(cached, pinned_tokens))
             else:
                 job = self.jobs.get(job_id)
                 if job is not None and job.turns_finished > 0:
@@ -397,7 +404,8 @@ class ContinuumSchedulerMixin:
         if tokenizer is None:
             return None
         try:
-            return tokenizer.decode(list(request.output_token_ids), skip_special_tokens=True)
+            tail = request.output_token_ids[-_REPLY_TAIL_TOKENS:]
+            return tokenizer.decode(list(tail), skip_special_tokens=True)
         except Exception:  # a tokenizer bug must not take the engine down
             logger.debug("continuum: could not decode reply of %s", request.request_id, exc_info=True)
             return None
@@ -509,21 +517,20 @@ class ContinuumSchedulerMixin:
                 pool.free_blocks(reversed(group))
         return [[] for _ in keep_by_group]
 
-    def _release_pin(self, job_id: str, reason: str, hit_request: Request | None = None) -> bool:
+    def _release_pin(self, job_id: str, reason: str, hit_tokens: int = 0) -> bool:
         pin = self.pins.pop(job_id)
         if pin is None:
             return False
-        hit_tokens = 0
-        if hit_request is not None and pin.blocks_by_group:
-            # Blocks of the pin the new turn now references (group 0 carries
-            # the full-attention prefix in every model layout vLLM builds).
-            new_ids = self.kv_cache_manager.get_block_ids(hit_request.request_id)[0]
-            hit_tokens = len(pin.block_ids(0).intersection(new_ids)) * self.block_size
         pool = self.kv_cache_manager.block_pool
         for group in pin.blocks_by_group:
             if group:
                 pool.free_blocks(reversed(group))
-        self._reprioritize_job(job_id)
+        if reason != "handoff":
+            # After a hand-off the job's prefix is held by its running turn,
+            # so its other waiting turns (overlapping requests) keep the
+            # pinned-job tier: re-keying them would cost a heap push each on
+            # the admission path and only move them behind colder jobs.
+            self._reprioritize_job(job_id)
         self.continuum_metrics.on_release(reason, hit_tokens, self.pins.num_pinned_blocks, len(self.pins))
         logger.debug(
             "continuum: released pin of job %s (%d blocks, reason %s, %d tokens hit)",
