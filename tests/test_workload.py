@@ -190,7 +190,7 @@ def test_cpu_small_preset_final_context_is_1200_to_1600_tokens():
     assert {j.num_turns for j in jobs} == {6}
     assert spec.system_tokens == 120
     assert all(150 <= j.turns[0].new_tokens <= 250 for j in jobs)
-    assert all(16 <= t.output_tokens <= 32 for j in jobs for t in j.turns)
+    assert all(8 <= t.output_tokens <= 16 for j in jobs for t in j.turns)  # field report: 7-12
     # Same tool times as the field report.
     times = tool_times(jobs)
     assert times.min() >= 0.05 and times.max() <= 5.0

@@ -52,6 +52,16 @@ class ContinuumConfig:
     # Treat a turn aborted by the API server because a stop string matched as
     # a normal finish (its KV is complete and the next turn will come).
     pin_on_stop_string: bool = True
+    # ContextServe: a tool is FAST if it likely returns within this.
+    fast_threshold_s: float = 2.0
+    # ContextServe: SLOW if it likely takes at least this (between: UNCERTAIN).
+    slow_threshold_s: float = 10.0
+    # ContextServe: probability needed to call a tool FAST or SLOW.
+    confidence: float = 0.8
+    # ContextServe: JSON rules file added to the shipped rules ("" = none).
+    rules_path: str = ""
+    # ContextServe: XGBoost model file ("" = the shipped bootstrap model).
+    xgb_model_path: str = ""
 
     def __post_init__(self) -> None:
         if self.ttl_policy not in TTL_POLICIES:
@@ -74,6 +84,13 @@ class ContinuumConfig:
             self.prefill_seconds_per_token >= 0,
             "prefill_seconds_per_token", self.prefill_seconds_per_token, ">= 0",
         )
+
+        _require(self.fast_threshold_s > 0, "fast_threshold_s", self.fast_threshold_s, "> 0")
+        _require(
+            self.slow_threshold_s >= self.fast_threshold_s,
+            "slow_threshold_s", self.slow_threshold_s, f">= fast_threshold_s ({self.fast_threshold_s!r})",
+        )
+        _require(0.5 <= self.confidence < 1.0, "confidence", self.confidence, "in [0.5, 1)")
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))

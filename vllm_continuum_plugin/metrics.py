@@ -37,6 +37,7 @@ PREFIX = "vllm_continuum:"
 RELEASE_REASONS = ("handoff", "ttl", "pressure", "last_step", "abort", "reset", "shutdown")
 TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 TOOL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+ERROR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
 class Histogram:
@@ -73,6 +74,11 @@ class EngineMetrics:
         self.pinned_jobs = 0
         self.ttl_seconds = Histogram(TTL_BUCKETS)
         self.tool_seconds = Histogram(TOOL_BUCKETS)
+        # ContextServe: decisions by (class, layer), |predicted - measured|
+        # tool time, and what became of FAST pins.
+        self.decisions: dict[str, int] = {}
+        self.prediction_error_seconds = Histogram(ERROR_BUCKETS)
+        self.fast_pins: dict[str, int] = {"in_time": 0, "expired": 0, "other": 0}
         self._dirty = True
         self._path: str | None = None
         directory = os.environ.get(METRICS_DIR_ENV)
@@ -102,17 +108,32 @@ class EngineMetrics:
             self.ttl_seconds.observe(ttl_s)
             self._dirty = True
 
-    def on_release(self, reason: str, hit_tokens: int, pinned_blocks: int, pinned_jobs: int) -> None:
+    def on_decision(self, speed: str | None, layer: str | None) -> None:
+        if speed is None:
+            return  # Continuum: the TTL histogram tells the story
         with self._lock:
+            key = f"{speed}/{layer}"
+            self.decisions[key] = self.decisions.get(key, 0) + 1
+            self._dirty = True
+
+    def on_release(
+        self, reason: str, hit_tokens: int, pinned_blocks: int, pinned_jobs: int, speed: str | None = None
+    ) -> None:
+        with self._lock:
+            if speed == "fast":
+                outcome = "in_time" if reason == "handoff" else "expired" if reason == "ttl" else "other"
+                self.fast_pins[outcome] += 1
             self.pins_released[reason] += 1
             self.pin_hit_tokens += hit_tokens
             self.pinned_blocks = pinned_blocks
             self.pinned_jobs = pinned_jobs
             self._dirty = True
 
-    def on_tool_time(self, seconds: float) -> None:
+    def on_tool_time(self, seconds: float, predicted_s: float | None = None) -> None:
         with self._lock:
             self.tool_seconds.observe(seconds)
+            if predicted_s is not None:
+                self.prediction_error_seconds.observe(abs(predicted_s - seconds))
             self._dirty = True
 
     # -- export -----------------------------------------------------------
@@ -129,6 +150,9 @@ class EngineMetrics:
                 "pinned_jobs": self.pinned_jobs,
                 "ttl_seconds": self.ttl_seconds.to_json(),
                 "tool_seconds": self.tool_seconds.to_json(),
+                "decisions": dict(self.decisions),
+                "prediction_error_seconds": self.prediction_error_seconds.to_json(),
+                "fast_pins": dict(self.fast_pins),
             }
 
     def flush(self) -> None:
@@ -198,6 +222,18 @@ class SnapshotCollector:
         tool = HistogramMetricFamily(
             PREFIX + "tool_seconds", "Measured tool time (next turn arrival - previous turn finish).", labels=labels
         )
+        decisions = CounterMetricFamily(
+            PREFIX + "decisions", "ContextServe decisions by class and deciding layer.",
+            labels=labels + ["speed", "layer"],
+        )
+        error = HistogramMetricFamily(
+            PREFIX + "prediction_error_seconds",
+            "ContextServe |predicted - measured| tool time.", labels=labels,
+        )
+        fast = CounterMetricFamily(
+            PREFIX + "fast_pins", "ContextServe FAST pins by outcome (in_time: the next turn took them over).",
+            labels=labels + ["outcome"],
+        )
         for snap in self._snapshots():
             values = [snap.get("engine", "0"), snap.get("policy", "")]
             pinned.add_metric(values, snap["pinned_blocks"])
@@ -206,11 +242,19 @@ class SnapshotCollector:
             for reason, count in snap["pins_released"].items():
                 released.add_metric(values + [reason], count)
             hits.add_metric(values, snap["pin_hit_tokens"])
-            for family, key in ((ttl, "ttl_seconds"), (tool, "tool_seconds")):
+            for key, count in snap.get("decisions", {}).items():
+                speed, _, layer = key.partition("/")
+                decisions.add_metric(values + [speed, layer], count)
+            for outcome, count in snap.get("fast_pins", {}).items():
+                fast.add_metric(values + [outcome], count)
+            histograms = [(ttl, "ttl_seconds"), (tool, "tool_seconds")]
+            if snap.get("policy") == "context_serve":
+                histograms.append((error, "prediction_error_seconds"))
+            for family, key in histograms:
                 h = snap[key]
                 cumulative, buckets = 0, []
                 for bound, count in zip(list(h["bounds"]) + [float("inf")], h["counts"]):
                     cumulative += count
                     buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
                 family.add_metric(values, buckets, h["sum"])
-        return [pinned, jobs, created, released, hits, ttl, tool]
+        return [pinned, jobs, created, released, hits, ttl, tool, decisions, error, fast]

@@ -36,6 +36,8 @@ class Pin:
     deadline: float  # monotonic seconds
     ttl_s: float
     tool_key: str
+    # ContextServe's class of the tool ("fast" / "uncertain"), else None.
+    speed: str | None = None
     num_blocks: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -39,7 +39,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, TurnCountCorrelation
-from .estimators.parser import NO_TOOL_KEY, extract_tool_call, tool_key_for_command
+from .decisions import Decider, PinDecision, make_decider
+from .estimators.parser import NO_TOOL_KEY, ToolCall, extract_tool_call, split_commands, tool_key_for_command
 from .estimators.prefill import PrefillCostModel
 from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
 from .job_queue import ContinuumRequestQueue, PriorityKey
@@ -118,6 +119,7 @@ class ContinuumSchedulerMixin:
             fixed_ttl_s=cfg.fixed_ttl_s,
             cold_start_samples=cfg.cold_start_samples,
         )
+        self.decider: Decider = make_decider(self.continuum_policy, cfg, self.ttl_policy, self.prefill_cost)
         self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)
         block_pool = self.kv_cache_manager.block_pool
         usable_blocks = max(0, block_pool.num_gpu_blocks - 1)  # minus the null block
@@ -147,9 +149,7 @@ class ContinuumSchedulerMixin:
             type(self).__name__,
             self.pinning_enabled,
             self.max_pinned_blocks,
-            " (context_serve uses Continuum's TTL decisions until its own predictor is installed)"
-            if self.continuum_policy == "context_serve"
-            else "",
+            f" decider={type(self.decider).__name__}",
         )
         if not self.pinning_enabled:
             logger.warning(
@@ -227,7 +227,8 @@ class ContinuumSchedulerMixin:
         setattr(request, _JOB_ARRIVAL_ATTR, job.first_arrival)
         if measured is not None:
             self.tool_history.record(tool_key or NO_TOOL_KEY, measured)
-            self.continuum_metrics.on_tool_time(measured)
+            self.decider.observe(job.last_call, measured)
+            self.continuum_metrics.on_tool_time(measured, job.last_predicted_s)
         self._waiting_by_job.setdefault(meta.job_id, set()).add(request)
 
     def _forget_waiting(self, request: Request) -> None:
@@ -338,35 +339,49 @@ class ContinuumSchedulerMixin:
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         normal, reply_text = self._finished_normally(request)
-        tool_key = self._tool_key(meta, reply_text) if normal else None
-        job = self.jobs.on_finish(job_id, time.time(), tool_key, counted=normal)
+        if meta.is_last_step or not normal:
+            job = self.jobs.on_finish(job_id, time.time(), None, counted=normal)
+            if meta.is_last_step:
+                if normal and job is not None:
+                    self.turn_correlation.add_job(job.turns_finished)
+                self.jobs.forget(job_id)
+            self._release_pin(job_id, "last_step" if meta.is_last_step else "abort")
+            super()._free_request_blocks(request)  # type: ignore[misc]
+            return
 
-        if meta.is_last_step:
-            if normal and job is not None:
-                self.turn_correlation.add_job(job.turns_finished)
-            self.jobs.forget(job_id)
-            self._release_pin(job_id, "last_step")
-            super()._free_request_blocks(request)  # type: ignore[misc]
-            return
-        if not normal:
-            self._release_pin(job_id, "abort")
-            super()._free_request_blocks(request)  # type: ignore[misc]
-            return
+        call = self._tool_call(meta, request, reply_text)
+        tool_key = call.tool_key if call is not None else NO_TOOL_KEY
+        job = self.jobs.on_finish(job_id, time.time(), tool_key, counted=True)
         if not self.pinning_enabled or not self._request_blocks_can_be_freed(request):  # type: ignore[attr-defined]
             # (The second case: an in-flight step may still write these blocks
             # and vLLM defers their free; keep that path stock.)
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
-        assert tool_key is not None
-        ttl_s = self._choose_ttl(meta, tool_key, request)
+        decision = self.decider.decide(
+            meta,
+            call,
+            TTLContext(
+                tool_key=tool_key,
+                context_tokens=request.num_tokens,
+                queueing_delay_s=self.evicted_queueing_delay.mean(0.0),
+                eta=self.turn_correlation.eta(),
+            ),
+        )
+        if job is not None:  # measured against the next arrival
+            job.last_call = call
+            job.last_predicted_s = decision.predicted_seconds
+        self.continuum_metrics.on_decision(decision.speed, decision.layer)
+        logger.debug(
+            "continuum: job %s request %s tool %r -> ttl %.3fs (%s)",
+            job_id, request.request_id, tool_key, decision.ttl_s, decision.source,
+        )
         # A newer turn supersedes the job's older pin (overlapping turns).
         self._release_pin(job_id, "handoff")
-        if ttl_s <= 0:
+        if decision.ttl_s <= 0:
             self.continuum_metrics.on_ttl_decision(0.0)
-            logger.debug("continuum: job %s request %s tool %r -> no pin", job_id, request.request_id, tool_key)
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
-        self._pin(request, job_id, tool_key, ttl_s)
+        self._pin(request, job_id, tool_key, decision)
 
     def _finished_normally(self, request: Request) -> tuple[bool, str | None]:
         """(finished normally?, decoded reply or None when not decoded)."""
@@ -388,16 +403,17 @@ class ContinuumSchedulerMixin:
             return False, None
         return True, text[:cut]
 
-    def _tool_key(self, meta: JobMetadata, reply_text: str | None) -> str:
-        if meta.tool_name:
-            return meta.tool_name
+    def _tool_call(self, meta: JobMetadata, request: Request, reply_text: str | None) -> ToolCall | None:
+        """The tool the finished turn calls: client hints first, else parsed
+        from the reply (decoded here unless a stop-string check already did)."""
         if meta.tool_command:
-            return tool_key_for_command(meta.tool_command)
-        return NO_TOOL_KEY if reply_text is None else self._parse_tool_key(reply_text)
-
-    def _parse_tool_key(self, text: str) -> str:
-        call = extract_tool_call(text)
-        return call.tool_key if call is not None else NO_TOOL_KEY
+            return ToolCall(meta.tool_command, tool_key_for_command(meta.tool_command),
+                            tuple(split_commands(meta.tool_command)))
+        if meta.tool_name:
+            return ToolCall(meta.tool_name, meta.tool_name, (meta.tool_name,))
+        if reply_text is None and request.num_output_tokens > 0:
+            reply_text = self._decode_reply(request)
+        return extract_tool_call(reply_text) if reply_text else None
 
     def _decode_reply(self, request: Request) -> str | None:
         tokenizer = self._get_tokenizer()
@@ -423,37 +439,8 @@ class ContinuumSchedulerMixin:
             self._tokenizer_failed = self._tokenizer is None
         return self._tokenizer
 
-    def _choose_ttl(self, meta: JobMetadata, tool_key: str, request: Request) -> float:
-        cfg = self.continuum_config
-        if meta.expected_tool_seconds is not None:
-            # The client knows its tool: keep the KV just past the expected
-            # return when that is cheaper than rebuilding it.
-            rebuild_s = self.prefill_cost.seconds(request.num_tokens)
-            expected = meta.expected_tool_seconds
-            return min(cfg.max_ttl_s, expected * 1.2 + 0.05) if expected <= max(rebuild_s, cfg.default_ttl_s) else 0.0
-        if tool_key == NO_TOOL_KEY and request.num_output_tokens > 0 and not meta.tool_name:
-            # Parse now (normal finish: reply not decoded yet).
-            text = self._decode_reply(request)
-            if text is not None:
-                tool_key = self._parse_tool_key(text)
-                job = self.jobs.get(meta.job_id or "")
-                if job is not None:
-                    job.last_tool_key = tool_key
-        decision = self.ttl_policy.decide(
-            TTLContext(
-                tool_key=tool_key,
-                context_tokens=request.num_tokens,
-                queueing_delay_s=self.evicted_queueing_delay.mean(0.0),
-                eta=self.turn_correlation.eta(),
-            )
-        )
-        logger.debug(
-            "continuum: job %s request %s tool %r -> ttl %.3fs (%s)",
-            meta.job_id, request.request_id, tool_key, decision.ttl_s, decision.source,
-        )
-        return decision.ttl_s
-
-    def _pin(self, request: Request, job_id: str, tool_key: str, ttl_s: float) -> None:
+    def _pin(self, request: Request, job_id: str, tool_key: str, decision: PinDecision) -> None:
+        ttl_s = decision.ttl_s
         managers = self.kv_cache_manager.coordinator.single_type_managers
         keep_by_group: list[list[Any]] = []
         for manager in managers:
@@ -479,6 +466,7 @@ class ContinuumSchedulerMixin:
             deadline=now + ttl_s,
             ttl_s=ttl_s,
             tool_key=tool_key,
+            speed=decision.speed,
         )
         self.pins.add(pin)
         self._reprioritize_job(job_id)
@@ -531,7 +519,7 @@ class ContinuumSchedulerMixin:
             # pinned-job tier: re-keying them would cost a heap push each on
             # the admission path and only move them behind colder jobs.
             self._reprioritize_job(job_id)
-        self.continuum_metrics.on_release(reason, hit_tokens, self.pins.num_pinned_blocks, len(self.pins))
+        self.continuum_metrics.on_release(reason, hit_tokens, self.pins.num_pinned_blocks, len(self.pins), pin.speed)
         logger.debug(
             "continuum: released pin of job %s (%d blocks, reason %s, %d tokens hit)",
             job_id, pin.num_blocks, reason, hit_tokens,
@@ -585,6 +573,7 @@ class ContinuumSchedulerMixin:
 
     def shutdown(self) -> None:
         self.release_all_pins("shutdown")
+        self.decider.close()
         if self._waker is not None:
             self._waker.close()
         self.continuum_metrics.close()

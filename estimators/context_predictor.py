@@ -1,0 +1,362 @@
+"""ContextServe: decide, per finished non-final agent turn, what to do with its
+KV cache from the tool call the reply makes.
+
+* FAST -> pin the KV for a TTL fitted to the tool (the next turn will be back
+  before it matters);
+* SLOW -> free it at once (the memory serves other jobs meanwhile);
+* UNCERTAIN -> keep Continuum's CDF TTL (the ``fallback`` callable).
+
+``ContextAwarePredictor.predict`` asks, in order, and the first that does not
+abstain decides:
+
+1. the client's hint (``expected_tool_seconds``): FAST when it is at most
+   ``fast_threshold_s`` (TTL ``hint * 1.2 + 0.05``), SLOW when at least
+   ``slow_threshold_s``, otherwise UNCERTAIN;
+2. ``RulesLayer`` (``rules.py``): curated definitely-fast / definitely-slow
+   commands;
+3. ``BayesianLayer`` (``bayesian.py``): per-tool Normal-Inverse-Gamma
+   posterior over log duration, Thompson-sampled;
+4. ``XGBoostLayer`` (``xgb_classifier.py``): a 3-class classifier over
+   ``features.FEATURE_NAMES``, bootstrapped from really timed commands and
+   refitted online in a background thread (skipped when xgboost is missing);
+5. the fallback: UNCERTAIN with the fallback's TTL.
+
+Invariants of every returned ``Prediction``:
+
+* ``speed == SLOW`` -> ``ttl_s == 0.0``;
+* ``speed == FAST`` -> ``0 < ttl_s <= max_ttl_s``;
+* ``speed == UNCERTAIN`` -> ``ttl_s`` is the fallback's TTL clamped to
+  ``[0, max_ttl_s]``, whichever layer said UNCERTAIN;
+* ``layer`` names who decided; ``predicted_seconds`` is that layer's point
+  estimate of the tool's duration, or None.
+
+A layer that raises is logged once and treated as abstaining: a predictor bug
+must never take the engine down. ``predict`` never waits for training.
+
+Threading: ``predict``/``observe`` are called from the scheduler thread only;
+the classifier's refits run in a daemon thread and swap the model in with a
+single attribute assignment.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .parser import ToolCall
+from .ttl import TTLContext, TTLDecision
+
+__all__ = [
+    "ContextAwarePredictor",
+    "ContextServeConfig",
+    "Layer",
+    "Prediction",
+    "ToolSpeed",
+    "data_path",
+    "default_layers",
+    "hint_ttl",
+    "measure_decision_cost",
+]
+
+logger = logging.getLogger(__name__)
+
+LAYER_NAMES = ("hint", "rules", "bayesian", "xgboost", "fallback")
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+def data_path(name: str) -> Path:
+    """Path of a file shipped in ``estimators/data/`` (package data)."""
+    return DATA_DIR / name
+
+
+class ToolSpeed(enum.Enum):
+    FAST = "fast"
+    SLOW = "slow"
+    UNCERTAIN = "uncertain"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One layer's (or the predictor's final) answer for a tool call.
+
+    Attributes:
+        speed: FAST / SLOW / UNCERTAIN.
+        ttl_s: FAST: the TTL to pin; UNCERTAIN: the fallback's (CDF) TTL,
+            filled in by the predictor (a layer may leave 0.0); SLOW: 0.0.
+        layer: "hint" | "rules" | "bayesian" | "xgboost" | "fallback" (or a
+            custom layer's name).
+        predicted_seconds: the layer's point estimate of the tool duration
+            (for the prediction-error metric), None if it has none.
+    """
+
+    speed: ToolSpeed
+    ttl_s: float
+    layer: str
+    predicted_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class ContextServeConfig:
+    """Settings of the ContextServe predictor. Validated on construction:
+    a bad value raises ``ValueError`` naming the field and the value."""
+
+    # A tool is FAST if it likely returns within this many seconds.
+    fast_threshold_s: float = 2.0
+    # SLOW if it likely takes at least this long (between the two: UNCERTAIN).
+    slow_threshold_s: float = 10.0
+    # Probability mass needed to call FAST/SLOW (Bayesian) and the
+    # classifier's probability threshold.
+    confidence: float = 0.8
+    # The Bayesian layer abstains for a tool with fewer samples.
+    min_observations: int = 3
+    # Upper bound on any TTL.
+    max_ttl_s: float = 60.0
+    # JSON file overriding / adding rules (format: rules.py); None = shipped defaults only.
+    rules_path: str | None = None
+    # Classifier model (xgboost JSON); None = the shipped bootstrap model.
+    xgb_model_path: str | None = None
+    # New labelled samples between background refits of the classifier.
+    refit_every: int = 200
+    # Bounded FIFO training buffer of the classifier.
+    max_training_samples: int = 5000
+    # Seed of the Bayesian layer's Thompson sampling (None: from the OS).
+    seed: int | None = 0
+    # Tool keys the Bayesian layer keeps posteriors for (LRU).
+    max_tools: int = 4096
+
+    def __post_init__(self) -> None:
+        _require(_finite(self.fast_threshold_s) and self.fast_threshold_s > 0,
+                 "fast_threshold_s", self.fast_threshold_s, "a finite number > 0")
+        _require(_finite(self.slow_threshold_s) and self.slow_threshold_s >= self.fast_threshold_s,
+                 "slow_threshold_s", self.slow_threshold_s,
+                 f"a finite number >= fast_threshold_s ({self.fast_threshold_s!r})")
+        _require(_finite(self.confidence) and 0.5 <= self.confidence < 1.0,
+                 "confidence", self.confidence, "in [0.5, 1)")
+        _require(_is_int(self.min_observations) and self.min_observations >= 1,
+                 "min_observations", self.min_observations, "an integer >= 1")
+        _require(_finite(self.max_ttl_s) and self.max_ttl_s > 0, "max_ttl_s", self.max_ttl_s, "a finite number > 0")
+        for name in ("rules_path", "xgb_model_path"):
+            value = getattr(self, name)
+            _require(value is None or (isinstance(value, str) and value != ""),
+                     name, value, "None or a non-empty path string")
+        _require(_is_int(self.refit_every) and self.refit_every >= 1, "refit_every", self.refit_every, "an integer >= 1")
+        _require(_is_int(self.max_training_samples) and self.max_training_samples >= 1,
+                 "max_training_samples", self.max_training_samples, "an integer >= 1")
+        _require(self.seed is None or _is_int(self.seed), "seed", self.seed, "None or an integer")
+        _require(_is_int(self.max_tools) and self.max_tools >= 1, "max_tools", self.max_tools, "an integer >= 1")
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"ContextServeConfig.{name}={value!r} is invalid; expected {expected}")
+
+
+@runtime_checkable
+class Layer(Protocol):
+    """One opinion in the dispatch chain.
+
+    ``predict`` returns None to abstain (the next layer decides); it must be
+    cheap and must not block. ``observe`` feeds a measured tool duration
+    (seconds >= 0, finite) and must be O(1) / O(log n).
+    """
+
+    name: str
+
+    def predict(self, call: ToolCall) -> Prediction | None: ...
+
+    def observe(self, call: ToolCall, seconds: float) -> None: ...
+
+
+def hint_ttl(seconds: float, max_ttl_s: float) -> float:
+    """TTL for a tool expected to take ``seconds``: just past its return."""
+    return min(max_ttl_s, seconds * 1.2 + 0.05)
+
+
+def default_layers(config: ContextServeConfig) -> list[Layer]:
+    """RulesLayer, BayesianLayer, XGBoostLayer (the last only when xgboost
+    is importable; see ``XGBoostLayer.create``)."""
+    from .bayesian import BayesianLayer
+    from .rules import RulesLayer
+    from .xgb_classifier import XGBoostLayer
+
+    layers: list[Layer] = [RulesLayer(config), BayesianLayer(config)]
+    xgb_layer = XGBoostLayer.create(config)
+    if xgb_layer is not None:
+        layers.append(xgb_layer)
+    return layers
+
+
+class ContextAwarePredictor:
+    """The layered FAST/SLOW/UNCERTAIN dispatch (see module docstring)."""
+
+    def __init__(
+        self,
+        config: ContextServeConfig,
+        fallback: Callable[[TTLContext], TTLDecision],
+        layers: Sequence[Layer] | None = None,
+    ) -> None:
+        self.config = config
+        self.fallback = fallback
+        self.layers: tuple[Layer, ...] = tuple(default_layers(config) if layers is None else layers)
+        names = [layer.name for layer in self.layers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ContextAwarePredictor: layer names must be unique, got {names}")
+        # Decisions per layer name (hint, ..., fallback); read by metrics.
+        self.decisions: dict[str, int] = {name: 0 for name in ("hint", *names, "fallback")}
+        self._failed_layers: set[str] = set()
+
+    # ------------------------------------------------------------------
+    def predict(self, call: ToolCall | None, ctx: TTLContext, hint_seconds: float | None = None) -> Prediction:
+        """Classify the tool call a finished turn makes (see module docstring).
+
+        ``call`` is None when the reply has no parsable tool call (straight
+        to the fallback). ``hint_seconds`` is the client's
+        ``expected_tool_seconds``; a NaN, infinite or negative hint is
+        ignored. ``ctx`` is only used for the fallback's TTL.
+        """
+        if hint_seconds is not None and math.isfinite(hint_seconds) and hint_seconds >= 0:
+            return self._count(self._from_hint(hint_seconds, ctx))
+        if call is not None:
+            for layer in self.layers:
+                try:
+                    prediction = layer.predict(call)
+                except Exception:
+                    self._layer_failed(layer.name, "predict")
+                    continue
+                if prediction is not None:
+                    return self._count(self._finish(prediction, ctx))
+        return self._count(Prediction(ToolSpeed.UNCERTAIN, self._fallback_ttl(ctx), "fallback", None))
+
+    def observe(self, call: ToolCall, seconds: float) -> None:
+        """Feed a measured tool duration to every layer. Invalid durations
+        (negative, NaN, inf: clock skew) are ignored."""
+        if not math.isfinite(seconds) or seconds < 0:
+            return
+        for layer in self.layers:
+            try:
+                layer.observe(call, seconds)
+            except Exception:
+                self._layer_failed(layer.name, "observe")
+
+    def close(self) -> None:
+        """Stop background work (the classifier's refit thread)."""
+        for layer in self.layers:
+            close = getattr(layer, "close", None)
+            if callable(close):
+                close()
+
+    # ------------------------------------------------------------------
+    def _from_hint(self, seconds: float, ctx: TTLContext) -> Prediction:
+        cfg = self.config
+        if seconds <= cfg.fast_threshold_s:
+            return Prediction(ToolSpeed.FAST, hint_ttl(seconds, cfg.max_ttl_s), "hint", seconds)
+        if seconds >= cfg.slow_threshold_s:
+            return Prediction(ToolSpeed.SLOW, 0.0, "hint", seconds)
+        return Prediction(ToolSpeed.UNCERTAIN, self._fallback_ttl(ctx), "hint", seconds)
+
+    def _finish(self, prediction: Prediction, ctx: TTLContext) -> Prediction:
+        """Enforce the TTL invariants of the module docstring."""
+        speed = prediction.speed
+        if speed is ToolSpeed.SLOW:
+            ttl = 0.0
+        elif speed is ToolSpeed.UNCERTAIN:
+            ttl = self._fallback_ttl(ctx)
+        else:
+            ttl = prediction.ttl_s
+            if not (math.isfinite(ttl) and ttl > 0):
+                # FAST by definition returns within fast_threshold_s.
+                ttl = self.config.fast_threshold_s
+            ttl = min(ttl, self.config.max_ttl_s)
+        if ttl == prediction.ttl_s:
+            return prediction
+        return Prediction(speed, ttl, prediction.layer, prediction.predicted_seconds)
+
+    def _fallback_ttl(self, ctx: TTLContext) -> float:
+        ttl = self.fallback(ctx).ttl_s
+        if not math.isfinite(ttl):
+            return self.config.max_ttl_s if ttl > 0 else 0.0
+        return min(max(ttl, 0.0), self.config.max_ttl_s)
+
+    def _count(self, prediction: Prediction) -> Prediction:
+        self.decisions[prediction.layer] = self.decisions.get(prediction.layer, 0) + 1
+        return prediction
+
+    def _layer_failed(self, name: str, what: str) -> None:
+        if name not in self._failed_layers:
+            self._failed_layers.add(name)
+            logger.exception("ContextServe layer %r failed in %s; treating it as abstaining", name, what)
+
+
+# ----------------------------------------------------------------------
+# Decision cost
+# ----------------------------------------------------------------------
+def _stats_us(samples_ns: list[int]) -> dict[str, float]:
+    arr = np.asarray(samples_ns, dtype=np.float64) / 1000.0
+    return {
+        "n": float(arr.size),
+        "mean_us": float(arr.mean()) if arr.size else 0.0,
+        "p50_us": float(np.percentile(arr, 50)) if arr.size else 0.0,
+        "p99_us": float(np.percentile(arr, 99)) if arr.size else 0.0,
+    }
+
+
+def measure_decision_cost(
+    predictor: ContextAwarePredictor | Layer,
+    calls: Sequence[ToolCall],
+    repeats: int = 100,
+    ctx: TTLContext | None = None,
+) -> dict[str, object]:
+    """Time ``predict`` per call (microseconds): ``{"n", "mean_us", "p50_us",
+    "p99_us"}`` over ``len(calls) * repeats`` timed calls.
+
+    For a ``ContextAwarePredictor`` the result also has ``"layers"``: the
+    same statistics for each layer's own ``predict`` on the same calls, and
+    ``"decided_by"``: how many of ``calls`` each layer decided. Caches
+    (parsed commands, classifier rows) are warm after the first repeat,
+    which is the steady state of an agent re-running the same commands; pass
+    ``repeats=1`` with distinct calls for the cold cost.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    ctx = ctx or TTLContext(tool_key="<bench>", context_tokens=1024, queueing_delay_s=1.0, eta=1.0)
+    if isinstance(predictor, ContextAwarePredictor):
+        run: Callable[[ToolCall], object] = lambda c: predictor.predict(c, ctx)  # noqa: E731
+    else:
+        run = predictor.predict
+    samples: list[int] = []
+    clock = time.perf_counter_ns
+    for _ in range(repeats):
+        for call in calls:
+            start = clock()
+            run(call)
+            samples.append(clock() - start)
+    result: dict[str, object] = _stats_us(samples)
+    if isinstance(predictor, ContextAwarePredictor):
+        result["layers"] = {
+            layer.name: measure_decision_cost(layer, calls, repeats) for layer in predictor.layers
+        }
+        decided: dict[str, int] = {}
+        for call in calls:
+            layer_name = predictor.predict(call, ctx).layer
+            decided[layer_name] = decided.get(layer_name, 0) + 1
+        result["decided_by"] = decided
+    return result
