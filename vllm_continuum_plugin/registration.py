@@ -98,8 +98,9 @@ POLICY_HELP = (
     '\n- "continuum" (vllm-continuum-plugin) keeps a finished non-final agent '
     "turn's KV cache pinned for a TTL predicted from its tool call and orders "
     "requests by job; tag requests with job_id / is_last_step."
-    '\n- "context_serve" (vllm-continuum-plugin) tool-aware variant of '
-    '"continuum"; for now it makes Continuum\'s TTL decisions.'
+    '\n- "context_serve" (vllm-continuum-plugin) like "continuum", but classifies '
+    "each tool call FAST / SLOW / UNCERTAIN: pins FAST, frees SLOW at once, "
+    "and gives UNCERTAIN Continuum's TTL."
 )
 
 
