@@ -368,3 +368,22 @@ def test_context_serve_learns_tool_times_from_arrivals():
     assert snap["tool_seconds"]["count"] == 1 and snap["prediction_error_seconds"]["count"] == 1
     assert snap["fast_pins"]["in_time"] == 1
     assert_all_blocks_free(s)
+
+
+def test_new_job_waits_instead_of_evicting_an_older_jobs_pin():
+    s = make_scheduler(num_blocks=40, max_num_seqs=4, continuum={"max_pinned_fraction": 1.0, "default_ttl_s": 60})
+    t = time.time()
+    prompt, r1 = first_turn(s, "old", length=300, arrival_time=t - 10)  # 19 blocks pinned
+    runner = make_request(prompt_of(800, 100), max_tokens=300, job_id="runner", is_last_step=True, arrival_time=t - 5)
+    s.add_request(runner)
+    step(s)  # keeps the engine busy
+    newcomer = make_request(prompt_of(801, 250), job_id="new", is_last_step=True, arrival_time=t)  # 16 blocks
+    s.add_request(newcomer)
+    for _ in range(3):
+        step(s)
+    assert "old" in s.pins and newcomer.num_computed_tokens == 0  # waits
+    r2 = make_request(next_turn_prompt(prompt, r1), job_id="old", is_last_step=True, arrival_time=t + 1)
+    s.add_request(r2)
+    run_until_finished(s, [r2, runner, newcomer], max_steps=3000)
+    assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] == 1
+    assert_all_blocks_free(s)

@@ -14,7 +14,8 @@ block manager and kernels untouched:
 * ``kv_cache_manager.allocate_slots`` (wrapped on the instance) -- **soft
   pins**: when an allocation would fail, pins are released (latest-arriving
   job first) and the allocation retried, before vLLM preempts a running
-  request or stops admitting waiting ones.
+  request; a waiting request (or a whole idle engine) likewise, except that a
+  waiting request of a newer job does not evict an older job's pin.
 * ``add_request`` -- parses job metadata, measures tool time, and queues the
   request in the job-aware ``ContinuumRequestQueue``.
 * ``reset_prefix_cache`` / ``shutdown`` -- release every pin first.
@@ -554,9 +555,16 @@ class ContinuumSchedulerMixin:
             if blocks is not None or not self.pins:
                 return blocks
             own_job = _meta(request).job_id
+            # A running request would otherwise be preempted, and with nothing
+            # running a blocked admission would idle the engine: any pin
+            # goes. A waiting request only takes memory pinned for jobs that
+            # arrived after its own (job-level FCFS applied to memory): a new
+            # job does not evict the context of an older job in a tool gap.
+            any_pin = request.status == RequestStatus.RUNNING or not self.running
+            own_arrival = self._job_first_arrival(request)
             while blocks is None:
                 victim = self.pins.latest_job_pin(exclude_job=own_job)
-                if victim is None:
+                if victim is None or (not any_pin and victim.job_first_arrival <= own_arrival):
                     break
                 self._release_pin(victim.job_id, "pressure")
                 blocks = original(request, *args, **kwargs)
