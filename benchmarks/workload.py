@@ -618,10 +618,6 @@ def heavy_tail_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: flo
       tool outputs of tens to a few hundred tokens), so a job of 8 turns
       again reaches ~2,900 prompt tokens.
     """
-    tools = tuple(
-        ToolSpec(key, command, weight, Mixture(((1.0 - _STALL_SHARE, body), (_STALL_SHARE, _STALL))), outputs)
-        for key, command, weight, body, outputs in _HEAVY_TAIL_MIX
-    )
     return WorkloadSpec(
         name="heavy-tail",
         num_jobs=num_jobs,
@@ -630,7 +626,40 @@ def heavy_tail_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: flo
         system_tokens=60,
         task_tokens=(24, 40),
         output_tokens=(60, 180),
-        tools=tools,
+        tools=_heavy_tail_tools(),
+        tool_output_scale=tool_output_scale,
+    )
+
+
+def _heavy_tail_tools(output_factor: float = 1.0) -> tuple[ToolSpec, ...]:
+    return tuple(
+        ToolSpec(
+            key, command, weight, Mixture(((1.0 - _STALL_SHARE, body), (_STALL_SHARE, _STALL))),
+            (round(outputs[0] * output_factor), round(outputs[1] * output_factor)),
+        )
+        for key, command, weight, body, outputs in _HEAVY_TAIL_MIX
+    )
+
+
+def cpu_heavy_tail_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: float = 1.0) -> WorkloadSpec:
+    """``heavy-tail``'s tool mix and times at ``cpu-small``'s sizes.
+
+    The tool-time distribution is what separates the TTL policies and
+    ContextServe's classes (fast shell tools, a slow ``pip install``, 3 %
+    stalls of tens of seconds); the token sizes only set how long the CPU
+    takes. 6 turns, system 120, task 150-250, replies 8-16 tokens (field
+    report: 7-12), tool outputs at 0.4x heavy-tail's (final context ~1,000
+    tokens), so an arm of ~16 jobs runs in a few minutes on this machine.
+    """
+    return WorkloadSpec(
+        name="cpu-heavy-tail",
+        num_jobs=num_jobs,
+        jobs_per_s=jobs_per_s,
+        turns=(6, 6),
+        system_tokens=120,
+        task_tokens=(150, 250),
+        output_tokens=(8, 16),
+        tools=_heavy_tail_tools(output_factor=0.4),
         tool_output_scale=tool_output_scale,
     )
 
@@ -668,6 +697,7 @@ PRESETS: dict[str, Callable[..., WorkloadSpec]] = {
     "field-report": field_report_workload,
     "fixed": fixed_workload,
     "heavy-tail": heavy_tail_workload,
+    "cpu-heavy-tail": cpu_heavy_tail_workload,
 }
 
 
