@@ -13,7 +13,8 @@ tool time and its output grows the context.
 
 Arms: ``fcfs`` (stock vLLM), ``continuum`` (paper's CDF TTL),
 ``continuum-fixed`` (the released fork's fixed 2 s rule), ``context_serve``,
-and ``oracle`` (stock vLLM with a KV pool so large nothing is ever evicted:
+``offload`` (stock scheduling + the plugin's CPU offload connector, 2 GB
+store: comparable to LMCache alone), ``continuum-offload``, and ``oracle`` (stock vLLM with a KV pool so large nothing is ever evicted:
 the physical limit). Output: a table per load (JCT mean/p50/p90/p95/p99,
 makespan, jobs/s, mean TTFT and latency, prefix-cache hit rate, preemptions,
 pins by release reason, change vs the first arm, share of the
@@ -47,8 +48,15 @@ DEFAULT_MODEL_DIR = os.path.join(
 )
 
 # arm name -> (policy, extra server args, uses the oracle pool)
+_OFFLOAD = [
+    "--kv-transfer-config",
+    '{"kv_connector": "ContinuumOffloadConnector", "kv_role": "kv_both", '
+    '"kv_connector_extra_config": {"cpu_bytes": 2000000000}}',
+]
 ARMS: dict[str, tuple[str, list[str], bool]] = {
     "fcfs": ("fcfs", [], False),
+    "offload": ("fcfs", _OFFLOAD, False),  # stock scheduling + CPU offload (LMCache-style)
+    "continuum-offload": ("continuum", _OFFLOAD, False),
     "continuum": ("continuum", [], False),
     "continuum-fixed": ("continuum", ["--additional-config", '{"continuum": {"ttl_policy": "fixed"}}'], False),
     "context_serve": ("context_serve", [], False),

@@ -49,6 +49,9 @@ class TTLContext:
     context_tokens: int
     queueing_delay_s: float
     eta: float
+    # Measured cost of rebuilding this context when an offload connector
+    # holds (part of) it; None = recompute, estimated by the prefill model.
+    rebuild_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,8 @@ class CDFTTLPolicy:
             samples, source = self.history.sorted_samples(ctx.tool_key), "tool"
         else:
             samples, source = self.history.sorted_samples(None), "global"
-        benefit = ctx.queueing_delay_s * ctx.eta + self.prefill.seconds(ctx.context_tokens)
+        rebuild = ctx.rebuild_seconds if ctx.rebuild_seconds is not None else self.prefill.seconds(ctx.context_tokens)
+        benefit = ctx.queueing_delay_s * ctx.eta + rebuild
         return TTLDecision(best_tau(samples, benefit, self.max_ttl_s), source)
 
 

@@ -59,7 +59,10 @@ class ContinuumDecider:
         if expected is not None:
             # The client knows its tool: keep the KV just past the expected
             # return when waiting is cheaper than rebuilding the context.
-            rebuild_s = self.prefill_cost.seconds(ctx.context_tokens)
+            rebuild_s = (
+                ctx.rebuild_seconds if ctx.rebuild_seconds is not None
+                else self.prefill_cost.seconds(ctx.context_tokens)
+            )
             worth_it = expected <= max(rebuild_s, self.config.default_ttl_s)
             ttl = min(self.config.max_ttl_s, expected * 1.2 + 0.05) if worth_it else 0.0
             return PinDecision(ttl, "hint", predicted_seconds=expected)

@@ -53,6 +53,7 @@ def register() -> None:
 
         check_vllm_version(getattr(vllm, "__version__", "0.0"))
         _register_policies()
+        _register_connector()
         _install_post_import_patches()
         _register_metrics_collector()
         _registered = True
@@ -119,6 +120,19 @@ def _document_policies_in_help(arg_utils: ModuleType, config_cls: type) -> None:
 
     get_attr_docs._continuum_patched = True  # type: ignore[attr-defined]
     arg_utils.get_attr_docs = get_attr_docs
+
+
+def _register_connector() -> None:
+    """Let users name ``ContinuumOffloadConnector`` without a module path."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    except Exception:  # layout differs: the module-path spelling still works
+        return
+    name = "ContinuumOffloadConnector"
+    if name not in getattr(KVConnectorFactory, "_registry", {}):
+        KVConnectorFactory.register_connector(
+            name, "vllm_continuum_plugin.connectors.kv_offload", "ContinuumOffloadConnector"
+        )
 
 
 # ----------------------------------------------------------------------

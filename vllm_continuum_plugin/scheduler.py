@@ -121,6 +121,9 @@ class ContinuumSchedulerMixin:
             cold_start_samples=cfg.cold_start_samples,
         )
         self.decider: Decider = make_decider(self.continuum_policy, cfg, self.ttl_policy, self.prefill_cost)
+        # The plugin's offload connector, when configured: blocks leaving a
+        # pin (TTL, pressure) or a SLOW turn are stored before they are freed.
+        self.offload = self.connector if hasattr(self.connector, "save_blocks") else None
         self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)
         block_pool = self.kv_cache_manager.block_pool
         usable_blocks = max(0, block_pool.num_gpu_blocks - 1)  # minus the null block
@@ -366,6 +369,7 @@ class ContinuumSchedulerMixin:
                 context_tokens=request.num_tokens,
                 queueing_delay_s=self.evicted_queueing_delay.mean(0.0),
                 eta=self.turn_correlation.eta(),
+                rebuild_seconds=self._rebuild_seconds(request),
             ),
         )
         if job is not None:  # measured against the next arrival
@@ -380,9 +384,22 @@ class ContinuumSchedulerMixin:
         self._release_pin(job_id, "handoff")
         if decision.ttl_s <= 0:
             self.continuum_metrics.on_ttl_decision(0.0)
+            if self.offload is not None:  # SLOW tool: reload later, not recompute
+                self.offload.save_request(request)
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         self._pin(request, job_id, tool_key, decision)
+
+    def _rebuild_seconds(self, request: Request) -> float | None:
+        """With an offload connector, rebuilding the context costs a reload
+        of what the store holds plus a prefill of the rest."""
+        if self.offload is None:
+            return None
+        per_token = self.offload.reload_seconds_per_token()
+        if per_token is None:
+            return None
+        stored = self.offload.stored_prefix_tokens(request)
+        return per_token * stored + self.prefill_cost.seconds(max(0, request.num_tokens - stored))
 
     def _finished_normally(self, request: Request) -> tuple[bool, str | None]:
         """(finished normally?, decoded reply or None when not decoded)."""
@@ -499,17 +516,27 @@ class ContinuumSchedulerMixin:
         pool = self.kv_cache_manager.block_pool
         if len(keep_by_group) == 1 and room > 0:
             kept, dropped = keep_by_group[0][:room], keep_by_group[0][room:]
+            self._offload_blocks(dropped)
             pool.free_blocks(reversed(dropped))
             return [kept]
+        self._offload_blocks(keep_by_group[0])
         for group in keep_by_group:
             if group:
                 pool.free_blocks(reversed(group))
         return [[] for _ in keep_by_group]
 
+    def _offload_blocks(self, blocks: list[Any]) -> None:
+        # The copy runs before the next forward pass, so freeing right after
+        # is safe (the connector orders it before any reuse of the blocks).
+        if self.offload is not None and blocks:
+            self.offload.save_blocks(blocks)
+
     def _release_pin(self, job_id: str, reason: str, hit_tokens: int = 0) -> bool:
         pin = self.pins.pop(job_id)
         if pin is None:
             return False
+        if reason in ("ttl", "pressure") and pin.blocks_by_group:
+            self._offload_blocks(pin.blocks_by_group[0])
         pool = self.kv_cache_manager.block_pool
         for group in pin.blocks_by_group:
             if group:
