@@ -116,6 +116,17 @@ class VLLMServer:
     def metrics(self) -> dict[str, float]:
         return parse_metrics(requests.get(self.url + "/metrics", timeout=10).text)
 
-    def metric(self, prefix: str) -> float:
-        """Sum of all samples whose name (with labels) starts with prefix."""
-        return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
+    def metric(self, prefix: str, **labels: str) -> float:
+        """Sum of the samples whose name starts with ``prefix`` and whose
+        labels include ``labels`` (exposition order does not matter)."""
+        wanted = {f'{k}="{v}"' for k, v in labels.items()}
+        total = 0.0
+        for key, value in self.metrics().items():
+            if not key.startswith(prefix):
+                continue
+            if wanted:
+                _, _, label_text = key.partition("{")
+                if not wanted.issubset(set(label_text.rstrip("}").split(","))):
+                    continue
+            total += value
+        return total

@@ -109,7 +109,7 @@ def test_field_report_check_pins_hold_through_tool_gaps_and_drop_after_last_step
     assert wait_for(lambda: kv_usage(server) == 0.0), "blocks left after the last step"
     assert server.metric("vllm_continuum:pinned_blocks") == 0
     # Each pin was taken over by the job's next turn.
-    assert server.metric('vllm_continuum:pins_released_total{engine="0",policy="continuum",reason="handoff"}') >= 4
+    assert server.metric("vllm_continuum:pins_released_total", reason="handoff") >= 4
     log = open(server.log_path).read()
     assert re.search(r"job field-report .* tool '(ls|cat|git status)'", log), "tool call not parsed"
 
@@ -167,10 +167,10 @@ def test_malformed_metadata_is_a_400_naming_the_field(server, field, value):
 def test_short_ttl_expires_while_engine_is_idle(server, client):
     # The client's own estimate gives a short TTL (about 0.4 s).
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
-    before = server.metric("vllm_continuum:pins_released_total{engine=\"0\",policy=\"continuum\",reason=\"ttl\"}")
+    before = server.metric("vllm_continuum:pins_released_total", reason="ttl")
     chat(client, messages, "short-ttl", False, expected_tool_seconds=0.3)
     time.sleep(2.0)  # nothing else runs: only the expiry wake-up can release it
-    after = server.metric("vllm_continuum:pins_released_total{engine=\"0\",policy=\"continuum\",reason=\"ttl\"}")
+    after = server.metric("vllm_continuum:pins_released_total", reason="ttl")
     assert after == before + 1
 
 

@@ -175,7 +175,58 @@ class EngineMetrics:
 
     def close(self) -> None:
         self._stop.set()
-        self.flush()
+        if self._path is not None:
+            try:  # a stopped engine has nothing to report
+                os.remove(self._path)
+            except OSError:
+                pass
+
+
+def _pid_of(name: str) -> int | None:
+    try:
+        return int(name.rsplit("-", 1)[1].split(".", 1)[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # "pid (comm) state ppid ..."; comm may contain spaces.
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _belongs_to_this_server(pid: int) -> bool:
+    """Whether an engine's snapshot is this server's to export.
+
+    Accepted: an engine in this very process (in-process engines), a live
+    descendant of this process (``vllm serve``: API server -> EngineCore),
+    or a live sibling (several API servers: launcher -> API servers +
+    EngineCore). Snapshots of dead engines, or of other servers that
+    inherited the same directory from a common parent, are ignored.
+    """
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if not os.path.isdir("/proc"):
+        return True  # no process tree to check: liveness only
+    parent = _parent_pid(pid)
+    if parent == os.getppid():
+        return True
+    for _ in range(8):
+        if parent is None or parent <= 1:
+            return False
+        if parent == os.getpid():
+            return True
+        parent = _parent_pid(parent)
+    return False
 
 
 class SnapshotCollector:
@@ -191,6 +242,9 @@ class SnapshotCollector:
             return
         for name in names:
             if not name.startswith("engine-") or not name.endswith(".json"):
+                continue
+            pid = _pid_of(name)
+            if pid is None or not _belongs_to_this_server(pid):
                 continue
             try:
                 with open(os.path.join(self.directory, name)) as f:
