@@ -1,7 +1,5 @@
 """History, TTL rule and rebuild-cost model (pure logic)."""
 
-import math
-import time
 
 import numpy as np
 import pytest

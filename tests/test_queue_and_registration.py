@@ -1,6 +1,5 @@
 """Job-aware queue ordering, pin table bookkeeping, and policy registration."""
 
-import argparse
 
 import pytest
 from harness import make_request, prompt_of

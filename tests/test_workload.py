@@ -18,7 +18,6 @@ from vllm_continuum_plugin.benchmarks.workload import (
     ToolSpec,
     Turn,
     Uniform,
-    WorkloadSpec,
     describe,
     generate_jobs,
     read_trace,
