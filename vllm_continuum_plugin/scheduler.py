@@ -48,6 +48,7 @@ from .job_queue import ContinuumRequestQueue, PriorityKey
 from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata
 from .metrics import EngineMetrics
 from .pin_table import Pin, PinTable
+from .registration import PLUGIN_POLICIES
 from .wakeup import ExpiryWaker, find_engine_input_queue
 
 logger = logging.getLogger("vllm.continuum_plugin")
@@ -59,7 +60,6 @@ __all__ = [
     "PLUGIN_POLICIES",
 ]
 
-PLUGIN_POLICIES = ("continuum", "context_serve")
 _NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 # Queue tiers (smaller is served first).
 _TIER_PREEMPTED, _TIER_PINNED_JOB, _TIER_REST = 0, 1, 2
