@@ -52,7 +52,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .parser import ToolCall
-from .ttl import TTLContext, TTLDecision
+from .ttl import hint_ttl, TTLContext, TTLDecision
 
 __all__ = [
     "ContextAwarePredictor",
@@ -185,10 +185,6 @@ class Layer(Protocol):
 
     def observe(self, call: ToolCall, seconds: float) -> None: ...
 
-
-def hint_ttl(seconds: float, max_ttl_s: float) -> float:
-    """TTL for a tool expected to take ``seconds``: just past its return."""
-    return min(max_ttl_s, seconds * 1.2 + 0.05)
 
 
 def default_layers(config: ContextServeConfig) -> list[Layer]:

@@ -37,6 +37,7 @@ __all__ = [
     "TTLContext",
     "TTLDecision",
     "TTLPolicy",
+    "hint_ttl",
     "make_ttl_policy",
 ]
 
@@ -99,6 +100,13 @@ class CDFTTLPolicy:
         rebuild = ctx.rebuild_seconds if ctx.rebuild_seconds is not None else self.prefill.seconds(ctx.context_tokens)
         benefit = ctx.queueing_delay_s * ctx.eta + rebuild
         return TTLDecision(best_tau(samples, benefit, self.max_ttl_s), source)
+
+
+def hint_ttl(seconds: float, max_ttl_s: float) -> float:
+    """TTL for a tool expected to take ``seconds``: just past its return.
+    Shared by every policy that trusts a duration estimate (client hints,
+    ContextServe's rules and classifier)."""
+    return min(max_ttl_s, seconds * 1.2 + 0.05)
 
 
 def best_tau(sorted_samples: np.ndarray, benefit_s: float, max_ttl_s: float) -> float:

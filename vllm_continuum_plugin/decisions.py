@@ -21,7 +21,7 @@ from typing import Protocol
 from .config import ContinuumConfig
 from .estimators.parser import ToolCall
 from .estimators.prefill import PrefillCostModel
-from .estimators.ttl import TTLContext, TTLPolicy
+from .estimators.ttl import TTLContext, TTLPolicy, hint_ttl
 from .metadata import JobMetadata
 
 __all__ = ["ContextServeDecider", "ContinuumDecider", "Decider", "PinDecision", "make_decider"]
@@ -64,7 +64,7 @@ class ContinuumDecider:
                 else self.prefill_cost.seconds(ctx.context_tokens)
             )
             worth_it = expected <= max(rebuild_s, self.config.default_ttl_s)
-            ttl = min(self.config.max_ttl_s, expected * 1.2 + 0.05) if worth_it else 0.0
+            ttl = hint_ttl(expected, self.config.max_ttl_s) if worth_it else 0.0
             return PinDecision(ttl, "hint", predicted_seconds=expected)
         decision = self.ttl_policy.decide(ctx)
         return PinDecision(decision.ttl_s, decision.source)

@@ -261,7 +261,8 @@ class ContinuumSchedulerMixin:
             self._after_admission(output)
         if output.preempted_req_ids:
             self._running_order_dirty = True
-        self._update_waker()
+        # (The waker's deadline is refreshed in update_from_output, which
+        # the engine runs after every schedule().)
         return output
 
     def _after_admission(self, output: SchedulerOutput) -> None:
