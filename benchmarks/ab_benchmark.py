@@ -14,7 +14,7 @@ tool time and its output grows the context.
 Arms: ``fcfs`` (stock vLLM), ``continuum`` (paper's CDF TTL),
 ``continuum-fixed`` (the released fork's fixed 2 s rule), ``context_serve``,
 ``offload`` (stock scheduling + the plugin's CPU offload connector, 2 GB
-store: comparable to LMCache alone), ``continuum-offload``, and ``oracle`` (stock vLLM with a KV pool so large nothing is ever evicted:
+store by default, ``--offload-cpu-bytes``: comparable to LMCache alone), ``continuum-offload``, and ``oracle`` (stock vLLM with a KV pool so large nothing is ever evicted:
 the physical limit). Output: a table per load (JCT mean/p50/p90/p95/p99,
 makespan, jobs/s, mean TTFT and latency, prefix-cache hit rate, preemptions,
 pins by release reason, change vs the first arm, share of the
@@ -47,12 +47,22 @@ DEFAULT_MODEL_DIR = os.path.join(
     "smollm2-135m-instruct",
 )
 
-# arm name -> (policy, extra server args, uses the oracle pool)
-_OFFLOAD = [
-    "--kv-transfer-config",
-    '{"kv_connector": "ContinuumOffloadConnector", "kv_role": "kv_both", '
-    '"kv_connector_extra_config": {"cpu_bytes": 2000000000}}',
-]
+# arm name -> (policy, extra server args, uses the oracle pool); the
+# offload arms get their --kv-transfer-config from offload_args().
+_OFFLOAD = ["<offload>"]
+DEFAULT_OFFLOAD_CPU_BYTES = 2_000_000_000
+
+
+def offload_args(cpu_bytes: int) -> list[str]:
+    """``--kv-transfer-config`` of the offload arms: the plugin's connector
+    with a ``cpu_bytes`` store."""
+    config = {
+        "kv_connector": "ContinuumOffloadConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes": int(cpu_bytes)},
+    }
+    return ["--kv-transfer-config", json.dumps(config)]
+
 ARMS: dict[str, tuple[str, list[str], bool]] = {
     "fcfs": ("fcfs", [], False),
     "offload": ("fcfs", _OFFLOAD, False),  # stock scheduling + CPU offload (LMCache-style)
@@ -259,7 +269,7 @@ def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str
         "--max-num-seqs", str(args.max_num_seqs),
         "--enable-prompt-tokens-details",
         *(["--enforce-eager"] if args.enforce_eager else []),
-        *extra,
+        *(offload_args(args.offload_cpu_bytes) if extra == _OFFLOAD else extra),
         *args.server_arg,
     ]
 
@@ -483,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV memory given to vLLM; raised automatically for the oracle pool (default: 4e8)")
     p.add_argument("--kv-bytes-per-token", type=int, default=2 * 30 * 3 * 64 * 2,
                    help="KV bytes per token of the model, to size the oracle pool (default: SmolLM2-135M bf16)")
+    p.add_argument("--offload-cpu-bytes", type=float, default=DEFAULT_OFFLOAD_CPU_BYTES,
+                   help="CPU store budget of the offload arms in bytes (default: 2e9; e.g. 1.2e8 "
+                        "= 160 blocks of SmolLM2, the GPU pool's size, to make the store a constraint)")
     p.add_argument("--max-model-len", type=int, default=4096, help="(default: 4096)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="(default: 16)")
     p.add_argument("--max-concurrency", type=int, default=256, help="client connection limit (default: 256)")

@@ -16,12 +16,23 @@ Guarantees (checked by ``tests/test_connector.py``):
 * pinned entries (promised to an in-flight load) are never evicted.
 * ``get``/``touch`` make an entry most recently used; ``demote`` makes it the
   next eviction victim.
+* held entries (``hold(key, until)``: blocks of an agent job whose next turn
+  is expected before ``until``) are evicted only when no unheld, unpinned
+  entry is left, earliest deadline first. A hold whose deadline passed ends
+  on its own and leaves the entry at the LRU end (the turn did not come), so
+  a job that never returns cannot keep its blocks.
+
+Eviction order: unheld entries from least to most recently used, then held
+entries by deadline (``keys_lru`` lists exactly this order).
 
 Not thread-safe: each vLLM process drives its store from one thread.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -74,31 +85,47 @@ class StoreCounters:
 
 
 class _Entry:
-    __slots__ = ("value", "nbytes", "pins")
+    __slots__ = ("value", "nbytes", "pins", "hold_until")
 
     def __init__(self, value: Any, nbytes: int) -> None:
         self.value = value
         self.nbytes = nbytes
         self.pins = 0
+        self.hold_until = 0.0  # 0: not held
 
 
 class CPUStore:
-    """Byte-budgeted LRU map ``key -> value`` (see module doc)."""
+    """Byte-budgeted LRU map ``key -> value`` (see module doc).
+
+    Invariants: ``used_bytes`` is the sum of the entries' sizes and never
+    exceeds ``capacity_bytes``; ``pinned_bytes``/``held_bytes`` are the
+    sums over pinned / held entries; every entry is in exactly one of the
+    unheld LRU list and the held set.
+    """
 
     def __init__(
         self,
         capacity_bytes: int,
         on_evict: Callable[[Hashable, int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
         self.capacity_bytes = int(capacity_bytes)
         self.used_bytes = 0
         self.pinned_bytes = 0
+        self.held_bytes = 0
         self.counters = StoreCounters()
         self._on_evict = on_evict
-        # Least recently used first.
-        self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._clock = clock
+        self._entries: dict[Hashable, _Entry] = {}
+        # Unheld keys, least recently used first.
+        self._lru: OrderedDict[Hashable, None] = OrderedDict()
+        # (hold_until, seq, key) of held entries; stale tuples (hold ended
+        # or extended) are skipped when popped.
+        self._holds: list[tuple[float, int, Hashable]] = []
+        self._num_held = 0
+        self._seq = itertools.count()
 
     # ------------------------------------------------------------------
     # Queries
@@ -110,16 +137,21 @@ class CPUStore:
         return key in self._entries
 
     def __iter__(self) -> Iterator[Hashable]:
-        """Keys from least to most recently used."""
-        return iter(list(self._entries))
+        """Keys in eviction order (see ``keys_lru``)."""
+        return iter(self.keys_lru())
 
     @property
     def free_bytes(self) -> int:
         return self.capacity_bytes - self.used_bytes
 
+    @property
+    def num_held(self) -> int:
+        return self._num_held
+
     def keys_lru(self) -> list[Hashable]:
-        """Keys from least to most recently used (the eviction order)."""
-        return list(self._entries)
+        """Keys in eviction order: unheld from least to most recently used,
+        then held by deadline."""
+        return list(self._lru) + [key for _, key in self._live_holds()]
 
     def nbytes_of(self, key: Hashable) -> int | None:
         entry = self._entries.get(key)
@@ -129,9 +161,13 @@ class CPUStore:
         entry = self._entries.get(key)
         return entry is not None and entry.pins > 0
 
+    def is_held(self, key: Hashable) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.hold_until > 0.0
+
     def can_fit(self, nbytes: int) -> bool:
         """Whether an item of ``nbytes`` could be inserted now (possibly after
-        evicting unpinned entries)."""
+        evicting unpinned entries, held ones included)."""
         return nbytes <= self.capacity_bytes - self.pinned_bytes
 
     def get(self, key: Hashable, touch: bool = True) -> Any:
@@ -141,8 +177,8 @@ class CPUStore:
             self.counters.misses += 1
             return None
         self.counters.hits += 1
-        if touch:
-            self._entries.move_to_end(key)
+        if touch and entry.hold_until == 0.0:
+            self._lru.move_to_end(key)
         return entry.value
 
     def peek(self, key: Hashable) -> Any:
@@ -162,38 +198,90 @@ class CPUStore:
     # Updates
     # ------------------------------------------------------------------
     def touch(self, key: Hashable) -> bool:
-        if key not in self._entries:
+        """Mark ``key`` recently used (a held entry keeps its hold)."""
+        entry = self._entries.get(key)
+        if entry is None:
             return False
-        self._entries.move_to_end(key)
+        if entry.hold_until == 0.0:
+            self._lru.move_to_end(key)
         return True
 
     def demote(self, key: Hashable) -> bool:
-        """Make ``key`` the first eviction candidate."""
-        if key not in self._entries:
+        """Make ``key`` the first eviction candidate (ends its hold)."""
+        entry = self._entries.get(key)
+        if entry is None:
             return False
-        self._entries.move_to_end(key, last=False)
+        if entry.hold_until:
+            self._end_hold(key, entry)
+        self._lru.move_to_end(key, last=False)
         return True
 
+    def hold(self, key: Hashable, until: float) -> bool:
+        """Keep ``key`` ahead of unheld entries until ``until`` (on this
+        store's clock); a later deadline extends an existing hold."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return False
+        if until <= self._clock():
+            return False
+        if entry.hold_until == 0.0:
+            del self._lru[key]
+            self._num_held += 1
+            self.held_bytes += entry.nbytes
+        elif until <= entry.hold_until:
+            return True
+        entry.hold_until = until
+        heapq.heappush(self._holds, (until, next(self._seq), key))
+        if len(self._holds) > 2 * self._num_held + 64:
+            self._holds = [t for t in self._holds if self._live(t)]
+            heapq.heapify(self._holds)
+        return True
+
+    def release_hold(self, key: Hashable) -> bool:
+        """End ``key``'s hold; it becomes the most recently used entry (its
+        job's turn arrived, or the caller decided it is no longer needed)."""
+        entry = self._entries.get(key)
+        if entry is None or entry.hold_until == 0.0:
+            return False
+        self._end_hold(key, entry)
+        return True
+
+    def expire_holds(self, now: float | None = None) -> int:
+        """End the holds whose deadline passed; those entries go to the LRU
+        end (first victims). Returns how many ended."""
+        now = self._clock() if now is None else now
+        n = 0
+        holds = self._holds
+        while holds and holds[0][0] <= now:
+            t = heapq.heappop(holds)
+            if not self._live(t):
+                continue
+            key = t[2]
+            self._end_hold(key, self._entries[key])
+            self._lru.move_to_end(key, last=False)
+            n += 1
+        return n
+
     def put(self, key: Hashable, value: Any, nbytes: int | None = None) -> bool:
-        """Insert ``key`` (evicting LRU entries first when needed).
+        """Insert ``key`` (evicting entries first when needed).
 
         Returns True when the key is present afterwards. An existing key is
         only marked recently used (same key, same KV). Returns False, and
         changes nothing, when the item cannot fit: bigger than the budget, or
         the room is held by pinned entries.
         """
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
+        if key in self._entries:
+            self.touch(key)
             return True
         size = payload_nbytes(value) if nbytes is None else int(nbytes)
         if size < 0:
-            raise ValueError("nbytes must be >= 0")
+            raise ValueError(f"nbytes must be >= 0, got {size}")
         if not self.can_fit(size):
             self.counters.refused_items += 1
             return False
         self._make_room(size)
         self._entries[key] = _Entry(value, size)
+        self._lru[key] = None
         self.used_bytes += size
         self.counters.inserted_items += 1
         self.counters.inserted_bytes += size
@@ -201,8 +289,8 @@ class CPUStore:
         return True
 
     def evict_for(self, nbytes: int) -> list[Hashable]:
-        """Evict LRU unpinned entries until ``nbytes`` more would fit; returns
-        the evicted keys (nothing is evicted when it cannot succeed)."""
+        """Evict entries until ``nbytes`` more would fit; returns the evicted
+        keys (nothing is evicted when it cannot succeed)."""
         if not self.can_fit(nbytes):
             return []
         return self._make_room(nbytes)
@@ -210,12 +298,10 @@ class CPUStore:
     def pop(self, key: Hashable) -> Any:
         """Remove ``key`` (even when pinned); returns its value or None.
         Not counted as an eviction."""
-        entry = self._entries.pop(key, None)
+        entry = self._entries.get(key)
         if entry is None:
             return None
-        self.used_bytes -= entry.nbytes
-        if entry.pins:
-            self.pinned_bytes -= entry.nbytes
+        self._remove(key, entry)
         return entry.value
 
     def discard(self, key: Hashable) -> bool:
@@ -245,33 +331,83 @@ class CPUStore:
         return True
 
     def clear(self) -> int:
-        """Drop everything (pins included); returns the number of entries."""
+        """Drop everything (pins and holds included); returns the number of
+        entries."""
         n = len(self._entries)
         self._entries.clear()
+        self._lru.clear()
+        self._holds.clear()
+        self._num_held = 0
         self.used_bytes = 0
         self.pinned_bytes = 0
+        self.held_bytes = 0
         return n
 
     # ------------------------------------------------------------------
+    def _live(self, t: tuple[float, int, Hashable]) -> bool:
+        entry = self._entries.get(t[2])
+        return entry is not None and entry.hold_until == t[0]
+
+    def _live_holds(self) -> list[tuple[float, Hashable]]:
+        """Held entries by deadline (each key once)."""
+        seen: set[Hashable] = set()
+        out: list[tuple[float, Hashable]] = []
+        for t in sorted(self._holds):
+            if t[2] not in seen and self._live(t):
+                seen.add(t[2])
+                out.append((t[0], t[2]))
+        return out
+
+    def _end_hold(self, key: Hashable, entry: _Entry) -> None:
+        entry.hold_until = 0.0
+        self._num_held -= 1
+        self.held_bytes -= entry.nbytes
+        self._lru[key] = None  # most recently used
+
     def _make_room(self, nbytes: int) -> list[Hashable]:
-        evicted: list[Hashable] = []
         if self.used_bytes + nbytes <= self.capacity_bytes:
-            return evicted
-        for key in list(self._entries):
-            if self.used_bytes + nbytes <= self.capacity_bytes:
+            return []
+        if self._holds:
+            self.expire_holds()
+        victims: list[Hashable] = []
+        room = self.capacity_bytes - self.used_bytes
+        # Pinned entries are skipped; they are few (in-flight loads), so the
+        # scan stays short.
+        for key in self._lru:
+            if room >= nbytes:
                 break
             entry = self._entries[key]
             if entry.pins:
                 continue
-            self._evict(key, entry)
-            evicted.append(key)
-        return evicted
+            victims.append(key)
+            room += entry.nbytes
+        if room < nbytes and self._num_held:
+            for _, key in self._live_holds():
+                if room >= nbytes:
+                    break
+                entry = self._entries[key]
+                if entry.pins:
+                    continue
+                victims.append(key)
+                room += entry.nbytes
+        for key in victims:
+            self._evict(key, self._entries[key])
+        return victims
 
-    def _evict(self, key: Hashable, entry: _Entry) -> None:
+    def _remove(self, key: Hashable, entry: _Entry) -> None:
         del self._entries[key]
+        if entry.hold_until:
+            entry.hold_until = 0.0
+            self._num_held -= 1
+            self.held_bytes -= entry.nbytes
+        else:
+            del self._lru[key]
         self.used_bytes -= entry.nbytes
         if entry.pins:
             self.pinned_bytes -= entry.nbytes
+
+    def _evict(self, key: Hashable, entry: _Entry) -> None:
+        self._remove(key, entry)
         self.counters.evicted_items += 1
         self.counters.evicted_bytes += entry.nbytes
         if self._on_evict is not None:

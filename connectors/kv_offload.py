@@ -20,6 +20,15 @@ a load job into the blocks vLLM allocated; ``build_connector_meta`` ships load
 jobs, store jobs and the evictions that make room for them (pinned entries
 are never evicted; an entry loaded in a step is not evicted in that step).
 
+Eviction is LRU with *holds*: blocks the Continuum scheduler hands over for
+a job that expects its next turn (an expired or pressure-released pin, a
+ContextServe SLOW turn, a pin trimmed by the pin cap) are held for the job:
+they are evicted only after every unheld entry, earliest deadline first.
+A hold ends when the job's next turn is admitted (the entries become plain
+recently-used ones), when the job's last turn finishes (they become the
+next victims), or after ``hold_seconds`` (default 300 s; a job that never
+returns).
+
 What is stored (``store_mode``):
 
 * ``eager`` (default): every full, hashed block, in the step that computes it
@@ -42,17 +51,19 @@ layer's KV tensor (dimension of size ``num_blocks``, or ``num_blocks * k``
 when vLLM splits blocks into kernel blocks) and copies whole blocks through
 that dimension, so the attention backend's inner layout does not matter (CPU
 and CUDA layouts differ). Each stored block is one host buffer holding every
-layer's bytes (``cpu_store.BlockPayload``), pinned on CUDA. Order within a
-step: evictions and pre-forward stores in ``handle_preemptions`` (called
-before the forward and before vLLM writes any block), loads in
-``start_load_kv`` (before the forward: loads are synchronous), stores of this
-step's blocks in ``wait_for_save`` (after the forward). On CUDA the copies run
-on a side stream ordered against the compute stream with stream waits (no
-host synchronisation): one batched gather/scatter per layer through a device
-staging buffer and one host<->device copy per block into pinned memory. On
-CPU they are plain synchronous copies, one per block and layer (a batched
-``index_select`` is ~50x slower for bf16 there); evicted host buffers are
-reused for new blocks.
+layer's bytes (``cpu_store.BlockPayload``). The copies themselves are a
+``block_copier.BlockCopier``: plain synchronous copies on CPU
+(``HostCopier``); on CUDA (``DeviceCopier``) a side stream ordered against
+the compute stream with stream waits (no host synchronisation), one batched
+gather/scatter per layer through a device staging buffer and one
+host<->device copy per block into pinned memory. Order within a step:
+a fence (the compute stream waits for earlier stores), evictions and
+stores of blocks the scheduler already freed in ``handle_preemptions``
+(before the forward and before vLLM writes any block), loads in
+``start_load_kv`` (before the forward: loads are synchronous, which sets
+vLLM's ``has_sync_kv_loads``), stores of this step's newly full blocks in
+``wait_for_save`` (after the forward; on CUDA they overlap the rest of the
+step up to the next fence). Evicted host buffers are reused for new blocks.
 
 A load whose entry is missing on a worker (it can only happen if a worker's
 store diverged from the index) is reported through
@@ -83,6 +94,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.core.sched.output import SchedulerOutput
 
+from .block_copier import (
+    PAYLOAD_ALIGN,
+    BlockCopier,
+    CopyTiming,
+    LayerSlot,
+    make_copier,
+    pack_layer_slots,
+    payload_from_buffer,
+)
 from .cpu_store import BlockPayload, CPUStore
 from .offload_metrics import ContinuumOffloadPromMetrics, ContinuumOffloadStats
 
@@ -118,7 +138,7 @@ __all__ = [
 STORE_MODES = ("eager", "finish", "explicit")
 STORE_BACKENDS = ("cpu", "lmcache")
 DEFAULT_CPU_BYTES = 4 * 2**30
-_ALIGN = 16  # byte alignment of each layer inside a block payload
+DEFAULT_HOLD_SECONDS = 300.0
 _MAX_SPARE_PAYLOADS = 256
 _EWMA_ALPHA = 0.2
 # Internal counters (not exported): timed loads, for the reload-cost EWMA.
@@ -139,27 +159,45 @@ class OffloadSettings:
     store_mode: str = "eager"
     store_backend: str = "cpu"
     min_load_blocks: int = 1  # do not load fewer blocks than this
+    # How long blocks handed over for a job that expects its next turn are
+    # kept ahead of plain LRU entries (ends early at the turn or job end).
+    hold_seconds: float = DEFAULT_HOLD_SECONDS
     lmcache_config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> OffloadSettings:
         extra = dict(extra or {})
-        known = {"cpu_bytes", "store_mode", "store_backend", "min_load_blocks", "lmcache_config"}
+        known = {
+            "cpu_bytes", "store_mode", "store_backend", "min_load_blocks", "hold_seconds",
+            "lmcache_config",
+        }
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ValueError(
                 f"ContinuumOffloadConnector: unknown kv_connector_extra_config key(s) {unknown}; "
                 f"known: {sorted(known)}"
             )
-        try:
-            cpu_bytes = int(float(extra.get("cpu_bytes", DEFAULT_CPU_BYTES)))
-            min_load_blocks = int(extra.get("min_load_blocks", 1))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"ContinuumOffloadConnector: bad numeric setting: {e}") from e
+        def number(name: str, default: float, cast: Any) -> Any:
+            value = extra.get(name, default)
+            try:
+                return cast(value)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise ValueError(
+                    f"ContinuumOffloadConnector: {name} must be a number, got {value!r}"
+                ) from e
+
+        cpu_bytes = number("cpu_bytes", DEFAULT_CPU_BYTES, lambda v: int(float(v)))
+        min_load_blocks = number("min_load_blocks", 1, int)
+        hold_seconds = number("hold_seconds", DEFAULT_HOLD_SECONDS, float)
         store_mode = str(extra.get("store_mode", "eager"))
         store_backend = str(extra.get("store_backend", "cpu"))
         if cpu_bytes < 0:
-            raise ValueError("ContinuumOffloadConnector: cpu_bytes must be >= 0")
+            raise ValueError(f"ContinuumOffloadConnector: cpu_bytes must be >= 0, got {cpu_bytes}")
+        if not math.isfinite(hold_seconds) or hold_seconds < 0:
+            raise ValueError(
+                f"ContinuumOffloadConnector: hold_seconds must be a finite number >= 0, "
+                f"got {hold_seconds}"
+            )
         if store_mode not in STORE_MODES:
             raise ValueError(
                 f"ContinuumOffloadConnector: store_mode {store_mode!r} not in {STORE_MODES}"
@@ -176,6 +214,7 @@ class OffloadSettings:
             store_mode=store_mode,
             store_backend=store_backend,
             min_load_blocks=max(1, min_load_blocks),
+            hold_seconds=hold_seconds,
             lmcache_config=dict(lmcache_config),
         )
 
@@ -251,8 +290,8 @@ def _block_bytes_estimate(kv_cache_config: Any) -> int:
         total = sum(int(s.page_size_bytes) for s in per_layer.values())
     else:
         total = int(spec.page_size_bytes) * max(1, len(group.layer_names))
-    # Each layer is padded to _ALIGN bytes inside a payload.
-    return total + _ALIGN * max(1, len(group.layer_names))
+    # Each layer is padded to PAYLOAD_ALIGN bytes inside a payload.
+    return total + PAYLOAD_ALIGN * max(1, len(group.layer_names))
 
 
 def _world_size(vllm_config: Any) -> int:
@@ -449,23 +488,37 @@ class ContinuumOffloadConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------
     # Public scheduler-side API for the plugin scheduler
     # ------------------------------------------------------------------
-    def save_blocks(self, blocks: Iterable[Any]) -> int:
+    def save_blocks(self, blocks: Iterable[Any], hold_job: str | None = None) -> int:
         """Store these GPU blocks (``KVCacheBlock``s with a hash) before the
         caller frees them. The copy runs before the next forward pass, so the
         caller may return the blocks to the pool right after this call.
-        Blocks already stored are only marked recently used. Returns the
-        number of blocks queued for copying."""
-        return self._sched.save_blocks(blocks) if self._sched is not None else 0
+        Blocks already stored are only marked recently used. With
+        ``hold_job``, the entries are held for that job (kept ahead of plain
+        LRU entries for ``hold_seconds``, until :meth:`end_hold`). Returns
+        the number of blocks queued for copying."""
+        return self._sched.save_blocks(blocks, hold_job) if self._sched is not None else 0
 
-    def save_request(self, request: Request) -> int:
+    def save_request(self, request: Request, hold_job: str | None = None) -> int:
         """``save_blocks`` for a request's own (full, hashed) blocks, before
         the scheduler frees them (e.g. a turn not pinned: TTL 0 / SLOW)."""
-        return self._sched.save_request(request) if self._sched is not None else 0
+        return self._sched.save_request(request, hold_job) if self._sched is not None else 0
+
+    def end_hold(self, job_id: str, demote: bool = False) -> int:
+        """End ``job_id``'s hold: its next turn was admitted (its blocks
+        become plain recently-used entries) or, with ``demote``, the job
+        ended (its blocks become the next eviction victims). Returns the
+        number of entries released."""
+        return self._sched.end_hold(job_id, demote) if self._sched is not None else 0
 
     def demote_blocks(self, blocks: Iterable[Any]) -> int:
         """Make these blocks' store entries the next eviction victims (e.g.
         the job's last turn finished: nobody will reload them)."""
         return self._sched.demote_blocks(blocks) if self._sched is not None else 0
+
+    def demote_request(self, request: Request) -> int:
+        """``demote_blocks`` for a request's own blocks (call before they are
+        freed)."""
+        return self._sched.demote_request(request) if self._sched is not None else 0
 
     def stored_prefix_tokens(self, request: Request, start_tokens: int = 0) -> int:
         """Tokens of ``request``'s prefix, from ``start_tokens`` on, that the
@@ -537,11 +590,17 @@ class _SchedulerSide:
         self.pending_final_stores: list[tuple[bytes, int]] = []
         self.pending_finished: list[str] = []
         self.clear_pending = False
+        # Holds: job -> (deadline, its keys); keys handed over but not yet
+        # in the index get their hold when admitted (build_connector_meta).
+        self.hold_seconds = conn.settings.hold_seconds
+        self.job_holds: dict[str, tuple[float, set[bytes]]] = {}
+        self.pending_holds: dict[bytes, float] = {}
+        self._next_hold_sweep = 0.0
         self.stats = ContinuumOffloadStats()
         # Cumulative counters of both sides (worker stats arrive through
         # update_connector_output), for totals() and tests.
         self.totals: dict[str, float] = {}
-        self._last_gauges: tuple[int, int] | None = None
+        self._last_gauges: tuple[int, int, int] | None = None
         self.load_s_per_token: float | None = None
         self.store_s_per_token: float | None = None
 
@@ -622,9 +681,13 @@ class _SchedulerSide:
         for key, block_id in finals:
             self._admit(key, block_id, meta, meta.stores, queued)
         meta.finished_store_reqs, self.pending_finished = self.pending_finished, []
+        if self.pending_holds:
+            self._apply_pending_holds()
 
         if self.mode == "eager" and self.conn._enabled:
             self._plan_eager_stores(scheduler_output, meta, queued)
+        if self.job_holds:
+            self._sweep_job_holds()
 
         # Keys queued in this step were pinned so that a later admission of
         # the same step could not evict them (workers apply a step's
@@ -731,31 +794,80 @@ class _SchedulerSide:
         self.pending_finished.append(req_id)
         return True
 
-    def save_blocks(self, blocks: Iterable[Any]) -> int:
+    def save_blocks(self, blocks: Iterable[Any], hold_job: str | None = None) -> int:
         if not self.conn._enabled:
             return 0
+        held: set[bytes] | None = None
+        until = 0.0
+        if hold_job is not None and self.hold_seconds > 0:
+            until = time.monotonic() + self.hold_seconds
+            held = self.job_holds.get(hold_job, (0.0, set()))[1]
+            self.job_holds[hold_job] = (until, held)
         n = 0
+        index = self.index
         for block in blocks:
             block_hash = getattr(block, "block_hash", None)
             if block_hash is None or getattr(block, "is_null", False) or block.block_id <= 0:
                 continue
             key = _block_key(block_hash)
-            if key in self.index:
-                self.index.touch(key)
+            if held is not None:
+                held.add(key)
+            if key in index:
+                index.touch(key)
+                if held is not None:
+                    index.hold(key, until)
                 continue
             self.pending_pre_stores.append((key, block.block_id))
+            if held is not None:
+                self.pending_holds[key] = until
             n += 1
         return n
 
-    def save_request(self, request: Any) -> int:
+    def save_request(self, request: Any, hold_job: str | None = None) -> int:
+        blocks = self._request_blocks(request)
+        return self.save_blocks(blocks, hold_job) if blocks else 0
+
+    def _request_blocks(self, request: Any) -> list[Any]:
         manager = self.conn._kv_cache_manager
         if manager is None:
-            return 0
+            return []
         try:
-            blocks = manager.get_blocks(request.request_id).blocks[0]
+            return list(manager.get_blocks(request.request_id).blocks[0])
         except (KeyError, IndexError, AttributeError):
+            return []
+
+    def end_hold(self, job_id: str, demote: bool) -> int:
+        hold = self.job_holds.pop(job_id, None)
+        if hold is None:
             return 0
-        return self.save_blocks(blocks)
+        n = 0
+        index = self.index
+        for key in hold[1]:
+            self.pending_holds.pop(key, None)
+            if demote:
+                n += index.demote(key)
+            else:
+                n += index.release_hold(key)
+        return n
+
+    def _apply_pending_holds(self) -> None:
+        # Called after this step's pre-stores were admitted into the index.
+        index = self.index
+        for key, until in self.pending_holds.items():
+            index.hold(key, until)
+        self.pending_holds.clear()
+
+    def _sweep_job_holds(self) -> None:
+        """Forget the key sets of holds whose deadline passed (the index
+        ended those holds on its own): a job that never returns must not
+        leak its bookkeeping. At most once per second."""
+        now = time.monotonic()
+        if now < self._next_hold_sweep:
+            return
+        self._next_hold_sweep = now + 1.0
+        for job_id in [j for j, (until, _) in self.job_holds.items() if until <= now]:
+            del self.job_holds[job_id]
+        self.index.expire_holds(now)
 
     def demote_blocks(self, blocks: Iterable[Any]) -> int:
         n = 0
@@ -764,6 +876,9 @@ class _SchedulerSide:
             if block_hash is not None and self.index.demote(_block_key(block_hash)):
                 n += 1
         return n
+
+    def demote_request(self, request: Any) -> int:
+        return self.demote_blocks(self._request_blocks(request))
 
     def has_pending_work(self) -> bool:
         return bool(
@@ -776,6 +891,8 @@ class _SchedulerSide:
     def reset(self) -> None:
         n = self.index.clear()
         self.stored_upto.clear()
+        self.job_holds.clear()
+        self.pending_holds.clear()
         self.clear_pending = True
         logger.info("ContinuumOffloadConnector: store reset (%d blocks dropped)", n)
 
@@ -823,16 +940,19 @@ class _SchedulerSide:
             store_blocks=len(self.index),
             store_capacity_bytes=self.index.capacity_bytes,
             store_pinned_bytes=self.index.pinned_bytes,
+            store_held_bytes=self.index.held_bytes,
+            held_jobs=len(self.job_holds),
         )
         return out
 
     def take_stats(self) -> ContinuumOffloadStats | None:
         self._accumulate(self.stats)
-        gauges = (self.index.used_bytes, len(self.index))
+        gauges = (self.index.used_bytes, len(self.index), self.index.held_bytes)
         if gauges != self._last_gauges or not self.stats.is_empty():
             self._last_gauges = gauges
             self.stats.set_gauge("store_used_bytes", gauges[0])
             self.stats.set_gauge("store_blocks", gauges[1])
+            self.stats.set_gauge("store_held_bytes", gauges[2])
             self.stats.set_gauge("store_capacity_bytes", self.index.capacity_bytes)
         if self.stats.is_empty():
             return None
@@ -843,16 +963,6 @@ class _SchedulerSide:
 # ----------------------------------------------------------------------
 # Worker side
 # ----------------------------------------------------------------------
-@dataclass
-class _LayerSlot:
-    name: str
-    view: torch.Tensor  # block-major view: view[b] is block b of this layer
-    offset: int  # byte offset inside a block payload
-    nbytes: int
-    dtype: torch.dtype
-    block_shape: tuple[int, ...]
-
-
 def block_major_view(tensor: torch.Tensor, num_blocks: int) -> torch.Tensor:
     """A view of ``tensor`` whose dim 0 indexes vLLM blocks.
 
@@ -878,14 +988,22 @@ def block_major_view(tensor: torch.Tensor, num_blocks: int) -> torch.Tensor:
 
 
 class _WorkerSide:
+    """Applies each step's metadata to this worker's KV cache and store.
+
+    Per step (see ``BlockCopier`` for the stream contract): ``before_forward``
+    (fence, evictions, stores of blocks the scheduler already freed),
+    ``load`` (before the forward pass), ``after_forward`` (stores of this
+    step's newly full blocks, which the compute stream waits for only at the
+    next step's fence). Each phase runs once per metadata object, whichever
+    hook calls it first.
+    """
+
     def __init__(self, conn: ContinuumOffloadConnector, vllm_config: Any, kv_cache_config: Any) -> None:
         self.conn = conn
         self.kv_cache_config = kv_cache_config
-        self.layers: list[_LayerSlot] = []
+        self.copier: BlockCopier | None = None
         self.block_nbytes = 0
         self.device: torch.device | None = None
-        self.cuda = False
-        self.stream: Any = None
         self.store: Any = None
         self._before_done: ContinuumOffloadMetadata | None = None
         self._load_done: ContinuumOffloadMetadata | None = None
@@ -895,17 +1013,19 @@ class _WorkerSide:
         self._seen_finished: set[str] = set()
         self._load_errors: set[int] = set()
         self._missing: set[bytes] = set()
-        self._pending_timings: list[tuple[str, Any, Any, int]] = []  # CUDA events
         self._spare: list[BlockPayload] = []
         self._recycle = False
         self.stats = ContinuumOffloadStats()
+
+    @property
+    def layers(self) -> tuple[LayerSlot, ...]:
+        return self.copier.layers if self.copier is not None else ()
 
     # --- set-up -------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         num_blocks = int(self.kv_cache_config.num_blocks)
         seen: set[tuple[Any, ...]] = set()
-        offset = 0
-        layers: list[_LayerSlot] = []
+        views: list[tuple[str, torch.Tensor]] = []
         for name, tensor in kv_caches.items():
             if not isinstance(tensor, torch.Tensor):
                 raise ValueError(
@@ -917,23 +1037,16 @@ class _WorkerSide:
                 continue
             seen.add(ident)
             try:
-                view = block_major_view(tensor, num_blocks)
+                views.append((name, block_major_view(tensor, num_blocks)))
             except ValueError as e:
                 raise ValueError(f"ContinuumOffloadConnector: layer {name}: {e}") from e
-            block_shape = tuple(view.shape[1:])
-            nbytes = math.prod(block_shape) * view.element_size()
-            layers.append(_LayerSlot(name, view, offset, nbytes, view.dtype, block_shape))
-            offset += -(-nbytes // _ALIGN) * _ALIGN
             if self.device is None:
                 self.device = tensor.device
-        if not layers:
+        if not views:
             raise ValueError("ContinuumOffloadConnector: no KV cache tensors to offload")
-        self.layers = layers
-        self.block_nbytes = offset
         assert self.device is not None
-        self.cuda = self.device.type == "cuda"
-        if self.cuda:
-            self.stream = torch.cuda.Stream(device=self.device)
+        layers, self.block_nbytes = pack_layer_slots(views)
+        self.copier = make_copier(layers, self.block_nbytes, self.device)
         self.store = self._make_store()
         # Evicted payloads are reused for new blocks (saves an allocation
         # per stored block); not with stores that own their memory.
@@ -948,8 +1061,8 @@ class _WorkerSide:
             )
         logger.info(
             "ContinuumOffloadConnector worker: %d KV tensors, %d bytes per block, device %s, "
-            "store capacity %d blocks",
-            len(layers), self.block_nbytes, self.device,
+            "%s, store capacity %d blocks",
+            len(layers), self.block_nbytes, self.device, type(self.copier).__name__,
             self.conn._capacity_bytes // max(1, self.block_nbytes),
         )
 
@@ -977,17 +1090,27 @@ class _WorkerSide:
         self._before_done = meta
         if meta.finished_store_reqs:
             self._expected_sends.update(meta.finished_store_reqs)
-        if self.store is None:
+        if self.store is None or self.copier is None:
             return
+        # Stores queued after the previous forward read blocks the scheduler
+        # may since have freed and reallocated: order them before this step.
+        self.copier.fence()
+        if (meta.clear or meta.evictions) and not self._recycle:
+            # A store that owns its memory may hand it out again at once.
+            self.copier.payloads_ready()
         if meta.clear:
             self.store.clear()
         recycle = self._recycle
         for key in meta.evictions:
             payload = self.store.pop(key)
             if recycle and payload is not None and len(self._spare) < _MAX_SPARE_PAYLOADS:
+                # Reused by a later copy on the same stream: ordered after
+                # any copy still reading or writing it.
                 self._spare.append(payload)
         if meta.pre_stores:
-            self._copy_out(meta.pre_stores)
+            # The scheduler freed these blocks already; this step's forward
+            # may overwrite them.
+            self._copy_out(meta.pre_stores, before_reuse=True)
 
     def load(self, meta: ContinuumOffloadMetadata) -> None:
         if self._load_done is meta:
@@ -1001,10 +1124,11 @@ class _WorkerSide:
             return
         self._after_done = meta
         if meta.stores and self.store is not None:
-            self._copy_out(meta.stores)
+            # Blocks of running (or delayed-free finished) requests: nothing
+            # writes them before the scheduler frees them, and every later
+            # step starts with a fence.
+            self._copy_out(meta.stores, before_reuse=False)
         if meta.finished_store_reqs:
-            # On CUDA the copies are ordered before any later use of the
-            # blocks on the compute stream, so they may be freed now.
             self._done_sends.update(meta.finished_store_reqs)
 
     def get_finished(self, finished_req_ids: set[str]) -> set[str] | None:
@@ -1028,62 +1152,43 @@ class _WorkerSide:
         return missing
 
     def take_stats(self) -> ContinuumOffloadStats | None:
-        self._resolve_timings()  # occupancy gauges come from the scheduler's index
+        if self.copier is not None:
+            for timing in self.copier.take_timings():
+                self._observe(timing)
+        # (Occupancy gauges come from the scheduler's index.)
         if self.stats.is_empty():
             return None
         out, self.stats = self.stats, ContinuumOffloadStats()
         return out
 
     def shutdown(self) -> None:
-        if self.cuda and self.stream is not None:
-            self.stream.synchronize()
+        if self.copier is not None:
+            self.copier.synchronize()
         if self.store is not None:
             self.store.clear()
 
     # --- copies -----------------------------------------------------------------
     def _new_payload(self) -> BlockPayload:
+        assert self.copier is not None
         if self._spare:
-            # Same stream order on CUDA: a copy into a recycled buffer runs
-            # after any earlier copy out of it.
             return self._spare.pop()
         allocate = getattr(self.store, "allocate_buffer", None)
         if allocate is not None:  # e.g. LMCache-owned memory
-            buf = allocate(self.block_nbytes, self.cuda)
-        else:
-            buf = torch.empty(self.block_nbytes, dtype=torch.uint8, pin_memory=self.cuda)
-        layers = tuple(
-            buf[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.block_shape) for s in self.layers
-        )
-        return BlockPayload(buf, layers)
+            buf = allocate(self.block_nbytes, self.device is not None and self.device.type == "cuda")
+            return payload_from_buffer(buf, self.copier.layers)
+        return self.copier.new_payload()
 
-    def _slot_view(self, staging: torch.Tensor, slot: _LayerSlot, n: int) -> torch.Tensor:
-        return staging[:, slot.offset : slot.offset + slot.nbytes].view(slot.dtype).view(n, *slot.block_shape)
-
-    def _copy_out(self, items: list[tuple[bytes, int]]) -> None:
+    def _copy_out(self, items: list[tuple[bytes, int]], before_reuse: bool) -> None:
         """KV cache blocks -> store."""
+        assert self.copier is not None
         store = self.store
         todo = [(k, b) for k, b in items if k not in store]
         for k, _ in items:
             store.touch(k)
         if not todo:
             return
-        n = len(todo)
-        t0 = time.perf_counter()
-        device = self.device
-        if self.cuda:
-            main = torch.cuda.current_stream(device)
-            self.stream.wait_stream(main)
-            start_ev = torch.cuda.Event(enable_timing=True)
-            end_ev = torch.cuda.Event(enable_timing=True)
-            with torch.cuda.stream(self.stream):
-                start_ev.record()
-                payloads = self._gather(todo, n)
-                end_ev.record()
-            main.wait_stream(self.stream)
-            self._pending_timings.append(("store_seconds", start_ev, end_ev, n))
-        else:
-            payloads = self._gather(todo, n)
-            self._observe("store_seconds", time.perf_counter() - t0, n)
+        payloads = [self._new_payload() for _ in todo]
+        self.copier.copy_out([b for _, b in todo], payloads, before_reuse=before_reuse)
         stored = 0
         for (key, _), payload in zip(todo, payloads):
             if store.put(key, payload, nbytes=self.block_nbytes):
@@ -1093,31 +1198,9 @@ class _WorkerSide:
         self.stats.inc("stored_blocks", stored)
         self.stats.inc("stored_bytes", stored * self.block_nbytes)
 
-    def _gather(self, todo: list[tuple[bytes, int]], n: int) -> list[BlockPayload]:
-        device = self.device
-        if not self.cuda:
-            # Host memory: one copy per block and layer. (A batched
-            # index_select is ~50x slower for bf16 on CPU.)
-            payloads = []
-            for _, block_id in todo:
-                payload = self._new_payload()
-                for slot, dst in zip(self.layers, payload.layers):
-                    dst.copy_(slot.view[block_id])
-                payloads.append(payload)
-            return payloads
-        idx = torch.tensor([b for _, b in todo], dtype=torch.long, device=device)
-        staging = torch.empty((n, self.block_nbytes), dtype=torch.uint8, device=device)
-        for slot in self.layers:
-            self._slot_view(staging, slot, n).copy_(slot.view.index_select(0, idx))
-        payloads: list[BlockPayload] = []
-        for i in range(n):
-            payload = self._new_payload()
-            payload.buffer.copy_(staging[i], non_blocking=self.cuda)
-            payloads.append(payload)
-        return payloads
-
     def _copy_in(self, jobs: list[LoadJob]) -> None:
         """Store -> KV cache blocks."""
+        assert self.copier is not None
         store = self.store
         block_ids: list[int] = []
         payloads: list[BlockPayload] = []
@@ -1138,61 +1221,18 @@ class _WorkerSide:
                 "ContinuumOffloadConnector: %d promised block(s) missing; vLLM recomputes them",
                 failed,
             )
-        n = len(payloads)
-        if not n:
+        if not payloads:
             return
-        t0 = time.perf_counter()
-        device = self.device
-        if self.cuda:
-            main = torch.cuda.current_stream(device)
-            # Blocks being loaded into may have been written by earlier steps.
-            self.stream.wait_stream(main)
-            start_ev = torch.cuda.Event(enable_timing=True)
-            end_ev = torch.cuda.Event(enable_timing=True)
-            with torch.cuda.stream(self.stream):
-                start_ev.record()
-                self._scatter(block_ids, payloads, n)
-                end_ev.record()
-            main.wait_stream(self.stream)  # the forward pass reads these blocks
-            self._pending_timings.append(("load_seconds", start_ev, end_ev, n))
+        self.copier.copy_in(block_ids, payloads)
+        self.stats.inc("loaded_blocks", len(payloads))
+        self.stats.inc("loaded_bytes", len(payloads) * self.block_nbytes)
+
+    def _observe(self, timing: CopyTiming) -> None:
+        if timing.kind == "load":
+            self.stats.observe("load_seconds", timing.seconds)
+            self.stats.inc(LOAD_COST_SECONDS, timing.seconds)
+            self.stats.inc(LOAD_COST_BLOCKS, timing.blocks)
         else:
-            self._scatter(block_ids, payloads, n)
-            self._observe("load_seconds", time.perf_counter() - t0, n)
-        self.stats.inc("loaded_blocks", n)
-        self.stats.inc("loaded_bytes", n * self.block_nbytes)
-
-    def _scatter(self, block_ids: list[int], payloads: list[BlockPayload], n: int) -> None:
-        device = self.device
-        if not self.cuda:
-            for block_id, payload in zip(block_ids, payloads):
-                for slot, src in zip(self.layers, payload.layers):
-                    slot.view[block_id].copy_(src)
-            return
-        # Device: H2D per block into a staging buffer, then one batched
-        # scatter per layer.
-        staging = torch.empty((n, self.block_nbytes), dtype=torch.uint8, device=device)
-        for i, payload in enumerate(payloads):
-            staging[i].copy_(payload.buffer, non_blocking=True)
-        idx = torch.tensor(block_ids, dtype=torch.long, device=device)
-        for slot in self.layers:
-            slot.view.index_copy_(0, idx, self._slot_view(staging, slot, n))
-
-    def _observe(self, name: str, seconds: float, blocks: int) -> None:
-        self.stats.observe(name, seconds)
-        if name == "load_seconds":
-            self.stats.inc(LOAD_COST_SECONDS, seconds)
-            self.stats.inc(LOAD_COST_BLOCKS, blocks)
-        else:
-            self.stats.inc(STORE_COST_SECONDS, seconds)
-            self.stats.inc(STORE_COST_BLOCKS, blocks)
-
-    def _resolve_timings(self) -> None:
-        if not self._pending_timings:
-            return
-        still: list[tuple[str, Any, Any, int]] = []
-        for name, start_ev, end_ev, blocks in self._pending_timings:
-            if end_ev.query():
-                self._observe(name, start_ev.elapsed_time(end_ev) / 1000.0, blocks)
-            else:
-                still.append((name, start_ev, end_ev, blocks))
-        self._pending_timings = still
+            self.stats.observe("store_seconds", timing.seconds)
+            self.stats.inc(STORE_COST_SECONDS, timing.seconds)
+            self.stats.inc(STORE_COST_BLOCKS, timing.blocks)

@@ -55,6 +55,10 @@ GAUGES: dict[str, str] = {
     "store_used_bytes": "Bytes held by the CPU store (per worker).",
     "store_blocks": "Blocks held by the CPU store.",
     "store_capacity_bytes": "Byte budget of the CPU store (per worker).",
+    "store_held_bytes": (
+        "Bytes of the CPU store held for agent jobs whose next turn is expected "
+        "(evicted only after every unheld entry)."
+    ),
 }
 HISTOGRAMS: dict[str, str] = {
     "load_seconds": "Time of one step's reload from the CPU store (per worker).",

@@ -109,6 +109,108 @@ def test_store_evicts_least_recently_used_first():
     assert store.used_bytes == 250
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_held_entries_outlive_every_unheld_entry():
+    """Blocks held for a job whose next turn is expected survive traffic
+    that evicts everything else, until the hold ends."""
+    clock = _Clock()
+    store = CPUStore(500, clock=clock)
+    for k in (b"job-1", b"job-2"):
+        store.put(k, None, nbytes=100)
+        assert store.hold(k, clock.now + 60)
+    assert store.held_bytes == 200 and store.num_held == 2
+    for i in range(10):  # 10 x 100 bytes through a 300-byte unheld room
+        assert store.put(f"other-{i}".encode(), None, nbytes=100)
+    assert b"job-1" in store and b"job-2" in store
+    assert store.keys_lru() == [b"other-7", b"other-8", b"other-9", b"job-1", b"job-2"]
+    # Touching a held entry keeps the hold; releasing makes it recently used.
+    store.touch(b"job-1")
+    assert store.is_held(b"job-1")
+    assert store.release_hold(b"job-1") and not store.is_held(b"job-1")
+    assert store.keys_lru()[-2:] == [b"job-1", b"job-2"]
+    assert store.held_bytes == 100
+
+
+def test_held_entries_go_last_by_deadline_and_pins_still_win():
+    clock = _Clock()
+    store = CPUStore(300, clock=clock)
+    store.put(b"late", None, nbytes=100)
+    store.put(b"early", None, nbytes=100)
+    store.put(b"pinned", None, nbytes=100)
+    store.hold(b"late", clock.now + 50)
+    store.hold(b"early", clock.now + 10)
+    store.hold(b"pinned", clock.now + 1)
+    store.pin(b"pinned")
+    # Only held entries are left: the earliest deadline goes first, a pinned
+    # one never.
+    assert store.put(b"x", None, nbytes=100)
+    assert b"early" not in store and b"late" in store and b"pinned" in store
+    assert store.put(b"y", None, nbytes=100)  # x is unheld: it goes first
+    assert b"x" not in store and b"late" in store
+    assert store.hold(b"late", clock.now + 5) and store.hold(b"late", clock.now + 80)
+    assert store.keys_lru() == [b"y", b"pinned", b"late"]  # extended, not shortened
+    assert not store.put(b"big", None, nbytes=201)  # 100 pinned: refused, nothing evicted
+    assert len(store) == 3
+
+
+def test_a_hold_lapses_so_a_job_that_never_returns_cannot_keep_its_blocks():
+    clock = _Clock()
+    store = CPUStore(300, clock=clock)
+    store.put(b"gone-job", None, nbytes=100)
+    store.hold(b"gone-job", clock.now + 30)
+    store.put(b"a", None, nbytes=100)
+    store.put(b"b", None, nbytes=100)
+    clock.now += 31
+    assert store.put(b"c", None, nbytes=100)  # the lapsed hold is the first victim
+    assert b"gone-job" not in store and b"a" in store
+    assert store.held_bytes == 0 and store.num_held == 0
+    assert not store.hold(b"a", clock.now - 1)  # a deadline in the past holds nothing
+    # demote() ends a hold and makes the entry the next victim.
+    store.hold(b"b", clock.now + 30)
+    assert store.demote(b"b") and not store.is_held(b"b")
+    store.put(b"d", None, nbytes=100)
+    assert b"b" not in store
+
+
+def test_store_accounting_stays_exact_with_pins_and_holds():
+    rng = random.Random(11)
+    clock = _Clock()
+    store = CPUStore(5_000, clock=clock)
+    for _ in range(4000):
+        op = rng.random()
+        key = rng.randrange(120).to_bytes(2, "big")
+        if op < 0.45:
+            store.put(key, None, nbytes=rng.choice([100, 400, 900]))
+        elif op < 0.55:
+            store.pin(key)
+        elif op < 0.65:
+            store.unpin(key)
+        elif op < 0.8:
+            store.hold(key, clock.now + rng.uniform(0.1, 5))
+        elif op < 0.85:
+            store.release_hold(key)
+        elif op < 0.9:
+            store.demote(key)
+        elif op < 0.95:
+            store.pop(key)
+        else:
+            clock.now += rng.uniform(0, 1)
+        keys = store.keys_lru()
+        assert len(keys) == len(set(keys)) == len(store)
+        assert 0 <= store.used_bytes <= store.capacity_bytes
+        assert store.used_bytes == sum(store.nbytes_of(k) for k in keys)
+        assert store.held_bytes == sum(store.nbytes_of(k) for k in keys if store.is_held(k))
+        assert store.pinned_bytes == sum(store.nbytes_of(k) for k in keys if store.is_pinned(k))
+    assert store.counters.evicted_items > 0
+
+
 def test_store_is_keyed_by_vllm_block_hashes():
     """Keys are vLLM's chained block hashes: a prefix-chain lookup finds the
     shared prefix of two prompts, and same-length prompts that differ in an
@@ -241,6 +343,10 @@ def test_settings_are_validated():
         kv_offload.OffloadSettings.from_extra_config({"cpu_byte": 1})
     with pytest.raises(ValueError, match="store_mode"):
         kv_offload.OffloadSettings.from_extra_config({"store_mode": "lazy"})
+    assert kv_offload.OffloadSettings.from_extra_config({}).hold_seconds == 300.0
+    for bad in (-1, "soon", float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="hold_seconds"):
+            kv_offload.OffloadSettings.from_extra_config({"hold_seconds": bad})
 
 
 def test_lmcache_backend_fails_clearly_when_lmcache_is_missing():
@@ -621,6 +727,64 @@ def test_e_continuum_turn_after_an_expired_pin_reloads(tiny):
     _assert_nothing_leaked(llm)
 
 
+def test_f_store_holds_a_waiting_jobs_blocks_through_a_flood(tiny):
+    """Blocks of a job whose pin lapsed are held in the store for its next
+    turn: a flood bigger than the store evicts everything else, and the
+    turn still reloads its context. Without the hold (``hold_seconds`` 0)
+    the same flood evicts them and the turn recomputes; a hold that lapses
+    (a job that never returns) does not protect them either."""
+    import time
+
+    from vllm import SamplingParams
+
+    llm = tiny
+    sched = _sched(llm)
+    conn = sched.connector
+    side = conn._sched
+
+    def turn(job: str, last: bool, n: int = 10):
+        return SamplingParams(
+            temperature=0.0, max_tokens=n, ignore_eos=True,
+            extra_args={"job_id": job, "is_last_step": last},
+        )
+
+    def first_turn_then_flood(job: str, seed: int, gap_s: float = 0.0):
+        first = _random_prompts(1, 190, seed=seed)[0]
+        out1 = llm.generate([_ids(first)], turn(job, False), use_tqdm=False)[0]
+        time.sleep(0.5)  # the tool outlives the 0.3 s TTL
+        # The next step releases the lapsed pin into the store.
+        llm.generate([_ids(_random_prompts(1, 20, seed=seed + 1)[0])], _greedy(1, None), use_tqdm=False)
+        assert job not in sched.pins
+        time.sleep(gap_s)
+        # 8 x 6 = 48 new blocks through a 40-block store, 3 at a time.
+        flood = _random_prompts(8, 200, seed=seed + 2)
+        for i in range(0, len(flood), 3):
+            llm.generate([_ids(p) for p in flood[i : i + 3]], _greedy(2, None), use_tqdm=False)
+        _assert_store_consistent(llm)
+        second = first + list(out1.outputs[0].token_ids) + _random_prompts(1, 40, seed=seed + 3)[0]
+        before = conn.totals().get("load_hit_tokens", 0)
+        out2 = llm.generate([_ids(second)], turn(job, True, 4), use_tqdm=False)[0]
+        return conn.totals().get("load_hit_tokens", 0) - before, out2.num_cached_tokens
+
+    saved = side.hold_seconds
+    try:
+        hit, cached = first_turn_then_flood("agent-held", seed=20)
+        assert hit >= 192 and cached >= 192  # 6 full blocks reloaded
+        assert "agent-held" not in side.job_holds  # ended when the turn was admitted
+
+        side.hold_seconds = 0.0
+        hit, cached = first_turn_then_flood("agent-unheld", seed=30)
+        assert hit == 0 and cached == 0
+
+        side.hold_seconds = 0.4
+        hit, cached = first_turn_then_flood("agent-gone", seed=40, gap_s=0.6)
+        assert hit == 0 and cached == 0
+    finally:
+        side.hold_seconds = saved
+    assert conn.index.held_bytes == 0 and not side.job_holds and not side.pending_holds
+    _assert_nothing_leaked(llm)
+
+
 def _run_and_abort(llm, request_id: str, prompt: list[int], steps: int) -> None:
     from vllm import SamplingParams
 
@@ -647,6 +811,7 @@ def _assert_nothing_leaked(llm) -> None:
     side = conn._sched
     assert not side.requests and not side.stored_upto and not side.last_match
     assert not side.pending_loads and not side.pinned_for_load
+    assert not side.job_holds and not side.pending_holds and conn.index.held_bytes == 0
     assert not conn.has_pending_push_work()
     worker = _worker_connector()._worker
     assert not worker._expected_sends and not worker._done_sends

@@ -286,6 +286,10 @@ class ContinuumSchedulerMixin:
             job_id = _meta(request).job_id
             if job_id is None:
                 continue
+            if self.offload is not None:
+                # This turn's reload (if any) was planned in this step; the
+                # store's entries of the job are plain LRU entries from now.
+                self.offload.end_hold(job_id)
             pin = self.pins.get(job_id)
             if pin is not None:
                 # The pin holds the job's previous prefix, so a hit covers the
@@ -351,6 +355,12 @@ class ContinuumSchedulerMixin:
                     self.turn_correlation.add_job(job.turns_finished)
                 self.jobs.forget(job_id)
             self._release_pin(job_id, "last_step" if meta.is_last_step else "abort")
+            if self.offload is not None:
+                # Nobody reloads a finished job's context: its stored blocks
+                # go first. (An aborted turn may be retried: keep them.)
+                self.offload.end_hold(job_id, demote=meta.is_last_step)
+                if meta.is_last_step:
+                    self.offload.demote_request(request)
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
 
@@ -386,7 +396,7 @@ class ContinuumSchedulerMixin:
         if decision.ttl_s <= 0:
             self.continuum_metrics.on_ttl_decision(0.0)
             if self.offload is not None:  # SLOW tool: reload later, not recompute
-                self.offload.save_request(request)
+                self.offload.save_request(request, hold_job=job_id)
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         self._pin(request, job_id, tool_key, decision)
@@ -517,27 +527,28 @@ class ContinuumSchedulerMixin:
         pool = self.kv_cache_manager.block_pool
         if len(keep_by_group) == 1 and room > 0:
             kept, dropped = keep_by_group[0][:room], keep_by_group[0][room:]
-            self._offload_blocks(dropped)
+            self._offload_blocks(dropped, job_id)
             pool.free_blocks(reversed(dropped))
             return [kept]
-        self._offload_blocks(keep_by_group[0])
+        self._offload_blocks(keep_by_group[0], job_id)
         for group in keep_by_group:
             if group:
                 pool.free_blocks(reversed(group))
         return [[] for _ in keep_by_group]
 
-    def _offload_blocks(self, blocks: list[Any]) -> None:
+    def _offload_blocks(self, blocks: list[Any], job_id: str) -> None:
         # The copy runs before the next forward pass, so freeing right after
         # is safe (the connector orders it before any reuse of the blocks).
+        # The job expects its next turn: the store holds the blocks for it.
         if self.offload is not None and blocks:
-            self.offload.save_blocks(blocks)
+            self.offload.save_blocks(blocks, hold_job=job_id)
 
     def _release_pin(self, job_id: str, reason: str, hit_tokens: int = 0) -> bool:
         pin = self.pins.pop(job_id)
         if pin is None:
             return False
         if reason in ("ttl", "pressure") and pin.blocks_by_group:
-            self._offload_blocks(pin.blocks_by_group[0])
+            self._offload_blocks(pin.blocks_by_group[0], job_id)
         pool = self.kv_cache_manager.block_pool
         for group in pin.blocks_by_group:
             if group:
