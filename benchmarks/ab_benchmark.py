@@ -14,8 +14,10 @@ tool time and its output grows the context.
 Arms: ``fcfs`` (stock vLLM), ``continuum`` (paper's CDF TTL),
 ``continuum-fixed`` (the released fork's fixed 2 s rule), ``context_serve``,
 ``offload`` (stock scheduling + the plugin's CPU offload connector, 2 GB
-store by default, ``--offload-cpu-bytes``: comparable to LMCache alone), ``continuum-offload``, and ``oracle`` (stock vLLM with a KV pool so large nothing is ever evicted:
-the physical limit). Output: a table per load (JCT mean/p50/p90/p95/p99,
+store by default, ``--offload-cpu-bytes``: comparable to LMCache alone),
+``continuum-offload``, ``continuum-offload-lru`` (the same with the store's
+job holds off: an ablation), and ``oracle`` (stock vLLM with a KV pool so
+large nothing is ever evicted: the physical limit). Output: a table per load (JCT mean/p50/p90/p95/p99,
 makespan, jobs/s, mean TTFT and latency, prefix-cache hit rate, preemptions,
 pins by release reason, change vs the first arm, share of the
 first-arm-to-oracle gap closed), per-turn latency by turn index, a JSON file
@@ -50,23 +52,37 @@ DEFAULT_MODEL_DIR = os.path.join(
 # arm name -> (policy, extra server args, uses the oracle pool); the
 # offload arms get their --kv-transfer-config from offload_args().
 _OFFLOAD = ["<offload>"]
+_OFFLOAD_LRU = ["<offload-lru>"]
 DEFAULT_OFFLOAD_CPU_BYTES = 2_000_000_000
 
 
-def offload_args(cpu_bytes: int) -> list[str]:
+def offload_args(cpu_bytes: float, holds: bool = True) -> list[str]:
     """``--kv-transfer-config`` of the offload arms: the plugin's connector
-    with a ``cpu_bytes`` store."""
+    with a ``cpu_bytes`` store (``holds=False``: plain LRU, no job holds)."""
+    extra: dict[str, Any] = {"cpu_bytes": int(cpu_bytes)}
+    if not holds:
+        extra["hold_seconds"] = 0
     config = {
         "kv_connector": "ContinuumOffloadConnector",
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"cpu_bytes": int(cpu_bytes)},
+        "kv_connector_extra_config": extra,
     }
     return ["--kv-transfer-config", json.dumps(config)]
+
+
+def _arm_extra_args(extra: list[str], args: argparse.Namespace) -> list[str]:
+    if extra == _OFFLOAD:
+        return offload_args(args.offload_cpu_bytes)
+    if extra == _OFFLOAD_LRU:
+        return offload_args(args.offload_cpu_bytes, holds=False)
+    return extra
 
 ARMS: dict[str, tuple[str, list[str], bool]] = {
     "fcfs": ("fcfs", [], False),
     "offload": ("fcfs", _OFFLOAD, False),  # stock scheduling + CPU offload (LMCache-style)
     "continuum-offload": ("continuum", _OFFLOAD, False),
+    # Ablation: Continuum + offload with the store's job holds off (plain LRU).
+    "continuum-offload-lru": ("continuum", _OFFLOAD_LRU, False),
     "continuum": ("continuum", [], False),
     "continuum-fixed": ("continuum", ["--additional-config", '{"continuum": {"ttl_policy": "fixed"}}'], False),
     "context_serve": ("context_serve", [], False),
@@ -269,7 +285,7 @@ def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str
         "--max-num-seqs", str(args.max_num_seqs),
         "--enable-prompt-tokens-details",
         *(["--enforce-eager"] if args.enforce_eager else []),
-        *(offload_args(args.offload_cpu_bytes) if extra == _OFFLOAD else extra),
+        *_arm_extra_args(extra, args),
         *args.server_arg,
     ]
 
@@ -348,6 +364,10 @@ def arm_summary(result: ArmResult) -> dict[str, Any]:
         "preemptions": delta("vllm:num_preemptions_total"),
         "pins": delta("vllm_continuum:pins_created"),
         "released": reasons,
+        # The offload connector's store (zero for arms without it).
+        "offload_reload_tokens": delta("vllm_continuum:kv_offload_load_hit_tokens_total"),
+        "offload_stored_blocks": delta("vllm_continuum:kv_offload_stored_blocks_total"),
+        "offload_evicted_blocks": delta("vllm_continuum:kv_offload_evicted_blocks_total"),
         "errors": [j.error for j in result.jobs if j.error],
     }
 
@@ -384,6 +404,13 @@ def print_report(results: list[ArmResult]) -> list[dict[str, Any]]:
     print(f"\n== load {results[0].jobs_per_s} jobs/s ==")
     print(format_table(rows, columns))
     print("pins released by reason: " + "; ".join(f"{r['arm']}: {r['released_text']}" for r in rows))
+    offload_rows = [r for r in rows if r["offload_stored_blocks"]]
+    if offload_rows:
+        print("CPU store: " + "; ".join(
+            f"{r['arm']}: reloaded {r['offload_reload_tokens']:.0f} tokens, stored "
+            f"{r['offload_stored_blocks']:.0f} blocks, evicted {r['offload_evicted_blocks']:.0f}"
+            for r in offload_rows
+        ))
     turn_rows = []
     for r in results:
         row: dict[str, Any] = {"arm": r.arm}

@@ -31,3 +31,19 @@ def test_two_arm_ab_run_completes_every_job_and_reports(tmp_path, capsys):
     assert summary["continuum"]["pins"] >= 3  # non-final turns pinned (the pin cap trims some)
     assert "JCT mean" in printed and "continuum" in printed
     assert os.path.exists(out / "ab_load_2.0.png")
+
+
+@pytest.mark.parametrize(("arm", "hold_seconds"), [("offload", 300.0), ("continuum-offload-lru", 0.0)])
+def test_offload_arms_configure_the_connector_they_name(arm, hold_seconds):
+    """The offload arms' --kv-transfer-config is one the connector accepts,
+    with the store budget given on the command line (holds off only in the
+    ablation arm)."""
+    from vllm_continuum_plugin.connectors.kv_offload import OffloadSettings
+
+    args = ab_benchmark.build_parser().parse_args(["--offload-cpu-bytes", "1.2e8"])
+    argv = ab_benchmark.server_args(args, arm, [])
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "ContinuumOffloadConnector"
+    settings = OffloadSettings.from_extra_config(config["kv_connector_extra_config"])
+    assert settings.cpu_bytes == 120_000_000 and settings.hold_seconds == hold_seconds
+    assert argv[argv.index("--scheduling-policy") + 1] == ab_benchmark.ARMS[arm][0]
