@@ -825,6 +825,46 @@ def test_d_aborted_request_leaves_no_blocks(tiny):
     _assert_nothing_leaked(tiny)
 
 
+def test_d_request_aborted_while_its_load_runs_leaves_no_blocks_and_exact_kv(tiny):
+    """An abort that arrives while the step loading a request's KV runs
+    (EngineCore processes such aborts after the forward pass, before
+    ``update_from_output``) leaks no GPU block or connector state, and the
+    store still serves exact KV to the next request with that prompt."""
+    llm = tiny
+    engine = llm.llm_engine
+    core = engine.engine_core.engine_core
+    sched = core.scheduler
+    conn = sched.connector
+    prompt = _random_prompts(1, 180, seed=12)[0]
+    params = _greedy(6, 3)
+    first = _tokens_and_logprobs(llm.generate([_ids(prompt)], params, use_tqdm=False)[0])
+    assert llm.reset_prefix_cache()  # only the CPU store has the prompt now
+    before = conn.totals().get("load_hit_tokens", 0)
+
+    engine.add_request("abort-mid-load", _ids(prompt), params)
+    out = sched.schedule()
+    loads = out.kv_connector_metadata.loads
+    assert [job.req_id for job in loads] and conn.totals()["load_hit_tokens"] - before == 160
+    future = core.model_executor.execute_model(out, non_block=True)
+    grammar = sched.get_grammar_bitmask(out)
+    model_output = future.result()
+    if model_output is None:
+        model_output = core.model_executor.sample_tokens(grammar)
+    engine.abort_request(["abort-mid-load"])  # arrived during the step
+    sched.update_from_output(out, model_output)
+    for _ in range(10):
+        if not sched.has_requests():
+            break
+        engine.step()
+    assert not engine.has_unfinished_requests()
+    _assert_nothing_leaked(llm)  # (also resets the GPU prefix cache)
+
+    again = _tokens_and_logprobs(llm.generate([_ids(prompt)], params, use_tqdm=False)[0])
+    assert again[0] == first[0]
+    assert max(abs(a - b) for a, b in zip(first[1], again[1])) == 0.0
+    _assert_nothing_leaked(llm)
+
+
 def test_finish_mode_stores_at_finish_and_frees_after_the_copy(env):
     llm = _Engines.get("tiny-finish", lambda: _tiny_llm("finish"))
     conn = _sched(llm).connector
