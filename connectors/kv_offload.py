@@ -516,8 +516,9 @@ class ContinuumOffloadConnector(KVConnectorBase_V1):
         return self._sched.demote_blocks(blocks) if self._sched is not None else 0
 
     def demote_request(self, request: Request) -> int:
-        """``demote_blocks`` for a request's own blocks (call before they are
-        freed)."""
+        """``demote_blocks`` for the blocks only ``request`` uses (call
+        before they are freed; blocks shared with other running requests,
+        e.g. a common system prompt, are left where they are)."""
         return self._sched.demote_request(request) if self._sched is not None else 0
 
     def stored_prefix_tokens(self, request: Request, start_tokens: int = 0) -> int:
@@ -878,7 +879,9 @@ class _SchedulerSide:
         return n
 
     def demote_request(self, request: Any) -> int:
-        return self.demote_blocks(self._request_blocks(request))
+        # Blocks other requests still use (a shared system prompt) keep
+        # their place: only this request's own context is done with.
+        return self.demote_blocks(b for b in self._request_blocks(request) if b.ref_cnt <= 1)
 
     def has_pending_work(self) -> bool:
         return bool(

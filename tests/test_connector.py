@@ -336,6 +336,86 @@ def test_worker_copies_whole_blocks_in_any_layout(layout):
     assert stats.counter("stored_blocks") == 2 and stats.counter("loaded_blocks") == 2
 
 
+class _Block:
+    def __init__(self, name: str, block_id: int, ref_cnt: int = 1) -> None:
+        self.block_hash = name.encode().ljust(8, b"-") + (0).to_bytes(4, "big")  # + group id
+        self.key = name.encode().ljust(8, b"-")
+        self.block_id = block_id
+        self.ref_cnt = ref_cnt
+        self.is_null = False
+
+
+class _BlocksOf:
+    def __init__(self, blocks) -> None:
+        self.blocks = [blocks]
+
+
+class _Manager:
+    def __init__(self, blocks_by_req) -> None:
+        self.blocks_by_req = blocks_by_req
+
+    def get_blocks(self, req_id):
+        return _BlocksOf(self.blocks_by_req[req_id])
+
+
+class _FakeSchedConn:
+    def __init__(self, manager, hold_seconds: float = 300.0) -> None:
+        self.settings = kv_offload.OffloadSettings(hold_seconds=hold_seconds)
+        self._capacity_bytes = 100
+        self._block_size = 32
+        self._enabled = True
+        self._kv_cache_manager = manager
+
+
+class _Req:
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+
+
+def test_job_holds_end_at_the_next_turn_and_a_finished_job_goes_first():
+    """Scheduler side: blocks handed over for a job are held; admission of
+    its next turn releases them to plain LRU; its last turn demotes the
+    blocks only it uses (a system prompt shared with a running request keeps
+    its place)."""
+    shared, own1, own2, other = (
+        _Block("system", 1, ref_cnt=2), _Block("job-a-1", 2), _Block("job-a-2", 3), _Block("other", 4)
+    )
+    side = kv_offload._SchedulerSide(
+        _FakeSchedConn(_Manager({"turn-2": [shared, own1, own2]})), None, None
+    )
+    index = side.index
+    for b in (shared, own1, own2, other):
+        index.put(b.key, None, nbytes=1)
+    assert side.save_blocks([own1, own2], hold_job="job-a") == 0  # already stored
+    assert index.is_held(own1.key) and index.is_held(own2.key)
+    assert index.keys_lru() == [shared.key, other.key, own1.key, own2.key]
+    assert side.end_hold("job-a", demote=False) == 2  # the next turn was admitted
+    assert index.held_bytes == 0 and not side.job_holds
+    assert index.keys_lru()[-2:] == [own1.key, own2.key]  # most recently used
+    # The job's last turn finishes.
+    side.save_blocks([own1, own2], hold_job="job-a")
+    side.end_hold("job-a", demote=True)
+    assert side.demote_request(_Req("turn-2")) == 2
+    assert index.keys_lru()[:2] == [own2.key, own1.key]  # next victims
+    assert index.keys_lru()[2] == shared.key  # untouched by the demotion
+    assert index.num_held == 0
+
+
+def test_blocks_not_yet_stored_are_held_once_admitted():
+    from types import SimpleNamespace
+
+    block = _Block("job-b-1", 5)
+    side = kv_offload._SchedulerSide(_FakeSchedConn(_Manager({})), None, None)
+    assert side.save_blocks([block], hold_job="job-b") == 1  # queued for a pre-forward copy
+    assert block.key in side.pending_holds
+    side.mode = "explicit"  # no eager planning: only the handed-over block
+    meta = side.build_connector_meta(SimpleNamespace(num_scheduled_tokens={}))
+    assert meta.pre_stores == [(block.key, 5)]
+    assert side.index.is_held(block.key) and not side.pending_holds
+    side.reset()
+    assert not side.job_holds and len(side.index) == 0
+
+
 def test_settings_are_validated():
     s = kv_offload.OffloadSettings.from_extra_config({"cpu_bytes": 2e9, "store_mode": "finish"})
     assert s.cpu_bytes == 2_000_000_000 and s.store_mode == "finish"
