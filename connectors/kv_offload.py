@@ -594,7 +594,8 @@ class _SchedulerSide:
         # Holds: job -> (deadline, its keys); keys handed over but not yet
         # in the index get their hold when admitted (build_connector_meta).
         self.hold_seconds = conn.settings.hold_seconds
-        self.job_holds: dict[str, tuple[float, set[bytes]]] = {}
+        # (Key order: tail first, as handed over; see save_blocks.)
+        self.job_holds: dict[str, tuple[float, dict[bytes, None]]] = {}
         self.pending_holds: dict[bytes, float] = {}
         self._next_hold_sweep = 0.0
         self.stats = ContinuumOffloadStats()
@@ -661,7 +662,7 @@ class _SchedulerSide:
         start = match[0]
         keys = list(self.keys_of(request)[start : start + n_ext])
         block_ids = list(blocks.get_block_ids()[0][start : start + n_ext])
-        for key in keys:
+        for key in reversed(keys):  # the head ends most recently used
             self.index.pin(key)
             self.index.touch(key)
         self.pinned_for_load.extend(keys)
@@ -727,7 +728,10 @@ class _SchedulerSide:
             if block_ids is None:
                 continue
             upto = min(upto, len(block_ids))
-            for i in range(done, upto):
+            # Tail first, so the chain's head is the most recently used: LRU
+            # then evicts a chain from its end, and what is left of it still
+            # matches a prefix (a missing head would orphan the whole chain).
+            for i in range(upto - 1, done - 1, -1):
                 self._admit(keys[i], block_ids[i], meta, meta.stores, queued)
             self.stored_upto[req_id] = max(done, upto)
 
@@ -783,7 +787,7 @@ class _SchedulerSide:
         upto = min(request.num_computed_tokens // self.block_size, len(keys), len(block_ids))
         start = done if self.mode == "eager" else 0
         items: list[tuple[bytes, int]] = []
-        for i in range(start, upto):
+        for i in range(upto - 1, start - 1, -1):  # tail first (see _plan_eager_stores)
             key = keys[i]
             if key in self.index:
                 self.index.touch(key)
@@ -802,17 +806,19 @@ class _SchedulerSide:
         until = 0.0
         if hold_job is not None and self.hold_seconds > 0:
             until = time.monotonic() + self.hold_seconds
-            held = self.job_holds.get(hold_job, (0.0, set()))[1]
+            held = self.job_holds.get(hold_job, (0.0, {}))[1]
             self.job_holds[hold_job] = (until, held)
         n = 0
         index = self.index
-        for block in blocks:
+        # Blocks come in prefix order; tail first, so the head ends most
+        # recently used and, among held entries, is evicted last.
+        for block in reversed(list(blocks)):
             block_hash = getattr(block, "block_hash", None)
             if block_hash is None or getattr(block, "is_null", False) or block.block_id <= 0:
                 continue
             key = _block_key(block_hash)
             if held is not None:
-                held.add(key)
+                held[key] = None
             if key in index:
                 index.touch(key)
                 if held is not None:
@@ -843,7 +849,9 @@ class _SchedulerSide:
             return 0
         n = 0
         index = self.index
-        for key in hold[1]:
+        # Keys are tail first: released in that order the head ends most
+        # recently used; demoted head first, the tail ends first in line.
+        for key in (reversed(hold[1]) if demote else hold[1]):
             self.pending_holds.pop(key, None)
             if demote:
                 n += index.demote(key)

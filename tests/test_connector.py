@@ -388,15 +388,16 @@ def test_job_holds_end_at_the_next_turn_and_a_finished_job_goes_first():
         index.put(b.key, None, nbytes=1)
     assert side.save_blocks([own1, own2], hold_job="job-a") == 0  # already stored
     assert index.is_held(own1.key) and index.is_held(own2.key)
-    assert index.keys_lru() == [shared.key, other.key, own1.key, own2.key]
+    # Held entries go last, the chain's tail before its head.
+    assert index.keys_lru() == [shared.key, other.key, own2.key, own1.key]
     assert side.end_hold("job-a", demote=False) == 2  # the next turn was admitted
     assert index.held_bytes == 0 and not side.job_holds
-    assert index.keys_lru()[-2:] == [own1.key, own2.key]  # most recently used
+    assert index.keys_lru()[-2:] == [own2.key, own1.key]  # head most recently used
     # The job's last turn finishes.
     side.save_blocks([own1, own2], hold_job="job-a")
     side.end_hold("job-a", demote=True)
     assert side.demote_request(_Req("turn-2")) == 2
-    assert index.keys_lru()[:2] == [own2.key, own1.key]  # next victims
+    assert index.keys_lru()[:2] == [own2.key, own1.key]  # next victims, tail first
     assert index.keys_lru()[2] == shared.key  # untouched by the demotion
     assert index.num_held == 0
 
@@ -414,6 +415,35 @@ def test_blocks_not_yet_stored_are_held_once_admitted():
     assert side.index.is_held(block.key) and not side.pending_holds
     side.reset()
     assert not side.job_holds and len(side.index) == 0
+
+
+def test_the_store_evicts_a_prefix_chain_from_its_tail():
+    """Eager stores enter a request's chain tail first, so under LRU the
+    head -- without which no later block of the chain can be matched -- is
+    evicted last, and what is left still reloads as a prefix."""
+    from types import SimpleNamespace
+
+    keys = [_Block(f"chain-{i}", i + 1) for i in range(3)]
+    manager = SimpleNamespace(get_block_ids=lambda req_id: [[1, 2, 3]])
+    conn = _FakeSchedConn(manager)
+    conn._capacity_bytes = 3  # three 1-byte entries
+    side = kv_offload._SchedulerSide(conn, None, None)
+    request = SimpleNamespace(
+        request_id="r", num_computed_tokens=0, num_tokens=100,
+        block_hashes=[b.key for b in keys],  # already group-free BlockHashes
+    )
+    side.requests["r"] = request
+    out = SimpleNamespace(
+        num_scheduled_tokens={"r": 96}, preempted_req_ids=[], kv_connector_block_state=None,
+        scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=[]),
+    )
+    meta = side.build_connector_meta(out)
+    assert sorted(meta.stores) == [(b.key, b.block_id) for b in keys]
+    assert side.index.keys_lru() == [keys[2].key, keys[1].key, keys[0].key]
+    side.index.put(b"newcomer", None, nbytes=1)
+    assert keys[2].key not in side.index  # the tail went first
+    request.num_computed_tokens = 0
+    assert side.stored_prefix_tokens(request) == 64  # blocks 0 and 1 still reload
 
 
 def test_settings_are_validated():
