@@ -520,7 +520,8 @@ _ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def _make_llm(
-    model: str, cpu_bytes: int, num_blocks: int, store_mode: str = "eager", max_model_len: int = 1024, **kw
+    model: str, cpu_bytes: int, num_blocks: int, store_mode: str = "eager", max_model_len: int = 1024,
+    store_backend: str = "cpu", **kw
 ):
     from vllm import LLM
     from vllm.config import KVTransferConfig
@@ -533,7 +534,9 @@ def _make_llm(
         kv_connector="ContinuumOffloadConnector",
         kv_connector_module_path=MODULE,
         kv_role="kv_both",
-        kv_connector_extra_config={"cpu_bytes": cpu_bytes, "store_mode": store_mode},
+        kv_connector_extra_config={
+            "cpu_bytes": cpu_bytes, "store_mode": store_mode, "store_backend": store_backend,
+        },
     )
     return LLM(
         model=model,
@@ -893,6 +896,40 @@ def test_f_store_holds_a_waiting_jobs_blocks_through_a_flood(tiny):
         side.hold_seconds = saved
     assert conn.index.held_bytes == 0 and not side.job_holds and not side.pending_holds
     _assert_nothing_leaked(llm)
+
+
+def test_lmcache_backend_reload_is_exact(env):
+    """``store_backend="lmcache"``: payloads live in LMCache's allocator
+    (its CPU ``TensorMemoryAllocator`` here); a reload after the GPU copy
+    was dropped gives the same tokens and logprobs, and evicted or dropped
+    entries give their memory objects back. Runs only where the optional
+    ``lmcache`` package is importable (it is not installed by CI)."""
+    lmcache_store = importlib.import_module(_pkg + ".lmcache_store")
+    if not lmcache_store.lmcache_available():
+        pytest.skip("lmcache is not installed")
+    llm = _Engines.get("tiny-lmcache", lambda: _make_llm(
+        TINY_MODEL, cpu_bytes=STORE_BLOCKS * _block_bytes(TINY_MODEL), num_blocks=GPU_BLOCKS,
+        max_model_len=512, store_backend="lmcache",
+    ))
+    conn = _sched(llm).connector
+    store = _worker_connector().worker_store
+    assert type(store).__name__ == "LMCacheStore"
+    prompts = _random_prompts(9, 200, seed=13)  # 54 blocks through a 40-block store
+    params = _greedy(6, 3)
+    for i in range(0, 8, 3):
+        llm.generate([_ids(p) for p in prompts[i : min(i + 3, 8)]], _greedy(2, None), use_tqdm=False)
+    # Computed cold, alone (a batch of other prompts would change the float
+    # reduction order, not the KV).
+    cold = _tokens_and_logprobs(llm.generate([_ids(prompts[-1])], params, use_tqdm=False)[0])
+    assert conn.totals()["evicted_blocks"] > 0
+    assert len(store._objs) == len(store)  # evicted entries released their memory objects
+    assert llm.reset_prefix_cache()  # the GPU copy is gone; the store keeps its copy
+    before = conn.totals().get("load_hit_tokens", 0)
+    reloaded = _tokens_and_logprobs(llm.generate([_ids(prompts[-1])], params, use_tqdm=False)[0])
+    assert conn.totals()["load_hit_tokens"] - before == 192
+    assert reloaded[0] == cold[0] and max(abs(a - b) for a, b in zip(reloaded[1], cold[1])) == 0.0
+    _assert_store_consistent(llm)
+    _Engines.close()
 
 
 def _run_and_abort(llm, request_id: str, prompt: list[int], steps: int) -> None:
