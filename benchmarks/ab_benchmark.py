@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import openai
 import requests
@@ -49,11 +49,19 @@ DEFAULT_MODEL_DIR = os.path.join(
     "smollm2-135m-instruct",
 )
 
-# arm name -> (policy, extra server args, uses the oracle pool); the
-# offload arms get their --kv-transfer-config from offload_args().
-_OFFLOAD = ["<offload>"]
-_OFFLOAD_LRU = ["<offload-lru>"]
 DEFAULT_OFFLOAD_CPU_BYTES = 2_000_000_000
+
+
+class Arm(NamedTuple):
+    """One configuration under test: the scheduling policy, extra server
+    flags, whether it gets the oracle pool, and the CPU offload connector
+    (None: off; "holds": the plugin's store; "lru": the same with the
+    store's job holds off)."""
+
+    policy: str
+    extra_args: tuple[str, ...] = ()
+    oracle: bool = False
+    offload: Literal["holds", "lru"] | None = None
 
 
 def offload_args(cpu_bytes: float, holds: bool = True) -> list[str]:
@@ -70,23 +78,16 @@ def offload_args(cpu_bytes: float, holds: bool = True) -> list[str]:
     return ["--kv-transfer-config", json.dumps(config)]
 
 
-def _arm_extra_args(extra: list[str], args: argparse.Namespace) -> list[str]:
-    if extra == _OFFLOAD:
-        return offload_args(args.offload_cpu_bytes)
-    if extra == _OFFLOAD_LRU:
-        return offload_args(args.offload_cpu_bytes, holds=False)
-    return extra
-
-ARMS: dict[str, tuple[str, list[str], bool]] = {
-    "fcfs": ("fcfs", [], False),
-    "offload": ("fcfs", _OFFLOAD, False),  # stock scheduling + CPU offload (LMCache-style)
-    "continuum-offload": ("continuum", _OFFLOAD, False),
+ARMS: dict[str, Arm] = {
+    "fcfs": Arm("fcfs"),
+    "offload": Arm("fcfs", offload="holds"),  # stock scheduling + CPU offload (LMCache-style)
+    "continuum-offload": Arm("continuum", offload="holds"),
     # Ablation: Continuum + offload with the store's job holds off (plain LRU).
-    "continuum-offload-lru": ("continuum", _OFFLOAD_LRU, False),
-    "continuum": ("continuum", [], False),
-    "continuum-fixed": ("continuum", ["--additional-config", '{"continuum": {"ttl_policy": "fixed"}}'], False),
-    "context_serve": ("context_serve", [], False),
-    "oracle": ("fcfs", [], True),
+    "continuum-offload-lru": Arm("continuum", offload="lru"),
+    "continuum": Arm("continuum"),
+    "continuum-fixed": Arm("continuum", ("--additional-config", '{"continuum": {"ttl_policy": "fixed"}}')),
+    "context_serve": Arm("context_serve"),
+    "oracle": Arm("fcfs", oracle=True),
 }
 
 _WORDS = (
@@ -269,7 +270,7 @@ async def run_jobs(url: str, model: str, jobs: list[Job], seed: int, max_concurr
 
 
 def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str]:
-    policy, extra, oracle = ARMS[arm]
+    policy, extra, oracle, offload = ARMS[arm]
     num_blocks = args.num_blocks
     if oracle:
         # Every job's whole context at once, plus headroom: nothing is evicted.
@@ -285,7 +286,8 @@ def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str
         "--max-num-seqs", str(args.max_num_seqs),
         "--enable-prompt-tokens-details",
         *(["--enforce-eager"] if args.enforce_eager else []),
-        *_arm_extra_args(extra, args),
+        *extra,
+        *(offload_args(args.offload_cpu_bytes, holds=offload == "holds") if offload else ()),
         *args.server_arg,
     ]
 

@@ -4,8 +4,10 @@ Installed as ``vllm_continuum_plugin.connectors`` (the repository keeps the
 folder at the top level): ``kv_offload.ContinuumOffloadConnector`` (a vLLM
 KV connector that copies KV blocks to host memory and reloads them),
 ``cpu_store.CPUStore`` (the byte-budgeted LRU store, keyed by block hash),
-``lmcache_store`` (optional LMCache-backed variant) and ``offload_metrics``
-(the connector's typed stats and Prometheus metrics).
+``block_copier`` (whole-block copies between the KV cache and host memory:
+synchronous on CPU, side-stream on CUDA), ``lmcache_store`` (optional
+LMCache-backed variant) and ``offload_metrics`` (the connector's typed stats
+and Prometheus metrics).
 
 Importing this package imports nothing heavy; the connector module imports
 vLLM and torch.

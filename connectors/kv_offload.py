@@ -98,7 +98,6 @@ from .block_copier import (
     PAYLOAD_ALIGN,
     BlockCopier,
     CopyTiming,
-    LayerSlot,
     make_copier,
     pack_layer_slots,
     payload_from_buffer,
@@ -1027,10 +1026,6 @@ class _WorkerSide:
         self._spare: list[BlockPayload] = []
         self._recycle = False
         self.stats = ContinuumOffloadStats()
-
-    @property
-    def layers(self) -> tuple[LayerSlot, ...]:
-        return self.copier.layers if self.copier is not None else ()
 
     # --- set-up -------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

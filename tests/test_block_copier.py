@@ -14,10 +14,7 @@ allocators) are not exercised: no GPU here.
 
 from __future__ import annotations
 
-import importlib
-import os
 import random
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,24 +23,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from vllm_continuum_plugin.connectors import block_copier as bc
+from vllm_continuum_plugin.connectors import cpu_store
 
-def _copier_module() -> str:
-    """``vllm_continuum_plugin.connectors.block_copier`` once installed; the
-    repository's ``connectors/`` folder otherwise."""
-    try:
-        importlib.import_module("vllm_continuum_plugin.connectors.block_copier")
-        return "vllm_continuum_plugin.connectors.block_copier"
-    except ImportError:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if root not in sys.path:
-            sys.path.insert(0, root)
-        importlib.import_module("connectors.block_copier")
-        return "connectors.block_copier"
-
-
-MODULE = _copier_module()
-bc = importlib.import_module(MODULE)
-cpu_store = importlib.import_module(MODULE.rsplit(".", 1)[0] + ".cpu_store")
 BlockPayload = cpu_store.BlockPayload
 
 NB = 8  # blocks per KV cache tensor

@@ -18,36 +18,16 @@ scheduler hook hands over before freeing it.
 from __future__ import annotations
 
 import gc
-import importlib
 import os
 import random
-import sys
 
 import pytest
 import torch
-
 from harness import DEFAULT_MODEL, TINY_MODEL
 
+from vllm_continuum_plugin.connectors import CONNECTOR_MODULE as MODULE
+from vllm_continuum_plugin.connectors import cpu_store, kv_offload, lmcache_store, offload_metrics
 
-def _connector_module() -> str:
-    """``vllm_continuum_plugin.connectors.kv_offload`` once installed; the
-    repository's ``connectors/`` folder otherwise."""
-    try:
-        importlib.import_module("vllm_continuum_plugin.connectors.kv_offload")
-        return "vllm_continuum_plugin.connectors.kv_offload"
-    except ImportError:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if root not in sys.path:
-            sys.path.insert(0, root)
-        importlib.import_module("connectors.kv_offload")
-        return "connectors.kv_offload"
-
-
-MODULE = _connector_module()
-kv_offload = importlib.import_module(MODULE)
-_pkg = MODULE.rsplit(".", 1)[0]
-cpu_store = importlib.import_module(_pkg + ".cpu_store")
-offload_metrics = importlib.import_module(_pkg + ".offload_metrics")
 CPUStore = cpu_store.CPUStore
 
 
@@ -460,7 +440,6 @@ def test_settings_are_validated():
 
 
 def test_lmcache_backend_fails_clearly_when_lmcache_is_missing():
-    lmcache_store = importlib.import_module(_pkg + ".lmcache_store")
     if lmcache_store.lmcache_available():
         pytest.skip("lmcache is installed")
     with pytest.raises(RuntimeError, match="lmcache"):
@@ -904,7 +883,6 @@ def test_lmcache_backend_reload_is_exact(env):
     was dropped gives the same tokens and logprobs, and evicted or dropped
     entries give their memory objects back. Runs only where the optional
     ``lmcache`` package is importable (it is not installed by CI)."""
-    lmcache_store = importlib.import_module(_pkg + ".lmcache_store")
     if not lmcache_store.lmcache_available():
         pytest.skip("lmcache is not installed")
     llm = _Engines.get("tiny-lmcache", lambda: _make_llm(
