@@ -40,6 +40,7 @@ from typing import Any, Literal, NamedTuple
 import openai
 import requests
 
+from .dtype import cpu_name, dtype_bytes, serving_dtype
 from .server import VLLMServer, parse_metrics
 from .stats import format_table, gap_closed, relative_change, summarize
 from .workload import PRESETS, Job, generate_jobs, read_trace
@@ -448,6 +449,7 @@ def write_outputs(out_dir: str, all_results: list[list[ArmResult]], summaries: l
     os.makedirs(out_dir, exist_ok=True)
     payload = {
         "args": {k: v for k, v in vars(args).items() if k != "func"},
+        "machine": {"cpu": cpu_name(), "dtype": served_dtype(args)},
         "loads": [
             {
                 "summary": [{k: v for k, v in s.items() if k != "errors"} for s in summ],
@@ -537,8 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV pool in blocks for every arm but oracle (default: 160 = 5,120 tokens)")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=400_000_000,
                    help="KV memory given to vLLM; raised automatically for the oracle pool (default: 4e8)")
-    p.add_argument("--kv-bytes-per-token", type=int, default=2 * 30 * 3 * 64 * 2,
-                   help="KV bytes per token of the model, to size the oracle pool (default: SmolLM2-135M bf16)")
+    p.add_argument("--kv-bytes-per-token", type=int, default=2 * 30 * 3 * 64 * dtype_bytes(serving_dtype()),
+                   help="KV bytes per token of the model, to size the oracle pool "
+                        "(default: SmolLM2-135M in this machine's serving dtype)")
     p.add_argument("--cpu-reserved-cores", type=int,
                    default=int(os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")),
                    help="vllm-cpu: cores kept free of model compute, the same for every arm "
@@ -560,6 +563,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def served_dtype(args: argparse.Namespace) -> str:
+    """The dtype every arm's server computes in (a ``--server-arg`` wins)."""
+    for i, arg in enumerate(args.server_arg):
+        if arg.startswith("--dtype="):
+            return arg.split("=", 1)[1]
+        if arg == "--dtype" and i + 1 < len(args.server_arg):
+            return args.server_arg[i + 1]
+    return serving_dtype()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -568,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}", file=sys.stderr)
         return 2
     loads = [float(x) for x in args.jobs_per_s.split(",") if x.strip()]
+    print(f"CPU: {cpu_name()}; every arm serves in {served_dtype(args)}", flush=True)
     all_results: list[list[ArmResult]] = []
     summaries: list[list[dict[str, Any]]] = []
     for load in loads:

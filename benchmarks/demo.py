@@ -8,10 +8,12 @@ structured outputs, since a 135M model is a weak agent); a simulated tool
 "runs" for a realistic time and its output becomes the next user message.
 Between turns, other traffic floods the small KV pool.
 
-Per turn it prints: prompt tokens, tokens served from cache, latency, the
-parsed command, the TTL the plugin chose, and the pinned blocks during the
-tool gap (all read from the server's own ``/metrics``). At the end: totals,
-pins by release reason, and whether every KV block is free again.
+Per turn, as it happens: prompt tokens, tokens served from cache, latency,
+the pinned blocks during the tool gap (read from the server's own
+``/metrics``) and the command. At the end: totals, pins by release reason,
+and whether every KV block is free again. It first says which CPU it runs on
+and in which dtype it serves (fp32 where the CPU has no native bf16), and
+shows progress while the server starts.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import openai
 import requests
 
+from .dtype import cpu_name, serving_dtype
 from .server import VLLMServer, parse_metrics
 
 DEFAULT_MODEL_DIR = os.path.join(
@@ -77,6 +80,14 @@ class MetricsReader:
         return sum(v for k, v in metrics.items() if k.startswith(prefix))
 
 
+HEADER = f"{'job':<9} {'turn':>4} {'prompt':>6} {'cached':>6} {'latency':>8}  {'pinned (all jobs)':>17}  command"
+
+
+def format_turn(r: TurnRecord) -> str:
+    return (f"{r.job:<9} {r.turn:>4} {r.prompt_tokens:>6} {r.cached_tokens:>6} {r.latency_s:>7.2f}s"
+            f"  {r.pinned_blocks_in_gap:>17.0f}  {r.command}")
+
+
 def run_job(client: openai.OpenAI, model: str, job: str, turns: int, metrics: MetricsReader,
             records: list[TurnRecord], lock: threading.Lock) -> None:
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"[{job}] {TASK}"}]
@@ -105,10 +116,11 @@ def run_job(client: openai.OpenAI, model: str, job: str, turns: int, metrics: Me
             time.sleep(min(0.3, seconds))  # metrics snapshot is published every 0.1 s
             pinned = MetricsReader.total(metrics.read(), "vllm_continuum:pinned_blocks")
             time.sleep(max(0.0, seconds - 0.3))
+        record = TurnRecord(job, turn + 1, reply.usage.prompt_tokens, details.cached_tokens if details else 0,
+                            latency, command, None, pinned)
         with lock:
-            records.append(TurnRecord(job, turn + 1, reply.usage.prompt_tokens,
-                                      details.cached_tokens if details else 0,
-                                      latency, command, None, pinned))
+            records.append(record)
+            print(format_turn(record), flush=True)  # as it happens
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": output}]
 
 
@@ -136,6 +148,7 @@ def run_demo(url: str, model: str, jobs: int, turns: int, flood_traffic: bool) -
         threading.Thread(target=run_job, args=(client, model, f"agent-{i}", turns, metrics, records, lock))
         for i in range(jobs)
     ]
+    print(f"\n{HEADER}", flush=True)
     t0 = time.time()
     for i, w in enumerate(workers):
         w.start()
@@ -148,18 +161,15 @@ def run_demo(url: str, model: str, jobs: int, turns: int, flood_traffic: bool) -
     elapsed = time.time() - t0
     after = metrics.read()
 
-    print(f"\n{'job':<9} {'turn':>4} {'prompt':>6} {'cached':>6} {'latency':>8}  {'pinned (all jobs)':>17}  command")
-    for r in sorted(records, key=lambda r: (r.job, r.turn)):
-        print(f"{r.job:<9} {r.turn:>4} {r.prompt_tokens:>6} {r.cached_tokens:>6} {r.latency_s:>7.2f}s"
-              f"  {r.pinned_blocks_in_gap:>17.0f}  {r.command}")
     total = MetricsReader.total
     delta = lambda name: total(after, name) - total(before, name)
     later = [r for r in records if r.turn > 1]
     hit_share = sum(r.cached_tokens for r in later) / max(1, sum(r.prompt_tokens for r in later))
     ttl_count = delta("vllm_continuum:ttl_seconds_count")
     ttl_mean = delta("vllm_continuum:ttl_seconds_sum") / ttl_count if ttl_count else 0.0
-    print(f"\n{jobs} jobs x {turns} turns in {elapsed:.1f}s; later turns served "
-          f"{hit_share:.0%} of their prompt tokens from cache")
+    mean_latency = sum(r.latency_s for r in records) / max(1, len(records))
+    print(f"\n{jobs} jobs x {turns} turns in {elapsed:.1f}s (mean turn latency {mean_latency:.2f}s); "
+          f"later turns served {hit_share:.0%} of their prompt tokens from cache")
     print(f"pins created: {delta('vllm_continuum:pins_created'):.0f}; "
           f"TTL decisions: {ttl_count:.0f}, mean TTL chosen {ttl_mean:.2f}s; "
           f"tokens served from pins: {delta('vllm_continuum:pin_hit_tokens'):.0f}")
@@ -192,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=5, help="turns per job (default: 5)")
     parser.add_argument("--num-blocks", type=int, default=96, help="KV pool size in blocks of 32 tokens (default: 96)")
     parser.add_argument("--no-flood", action="store_true", help="do not send competing one-shot traffic")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32", "float16", "auto"],
+                        help="dtype to serve in (default: bf16 where the CPU has native bf16, else fp32)")
     args = parser.parse_args(argv)
     if args.url:
         return run_demo(args.url.rstrip("/"), args.served_name, args.jobs, args.turns, not args.no_flood)
@@ -207,8 +219,17 @@ def main(argv: list[str] | None = None) -> int:
         "--enforce-eager",
         "--enable-prompt-tokens-details",
     ]
-    print(f"starting vllm serve {args.model} --scheduling-policy {args.policy} ...", flush=True)
-    with VLLMServer(args.model, server_args, served_name=args.served_name) as server:
+    dtype = args.dtype or serving_dtype()
+    print(f"CPU: {cpu_name()}; serving dtype: {dtype}"
+          f"{'' if args.dtype else ' (bf16 only where the CPU has it natively; override: --dtype / CONTINUUM_DTYPE)'}",
+          flush=True)
+    print(f"starting vllm serve {args.model} --scheduling-policy {args.policy} --dtype {dtype} ...", flush=True)
+
+    def progress(waited_s: float, server: VLLMServer) -> None:
+        print(f"  ... server starting ({waited_s:.0f}s): {server.last_log_line()}", flush=True)
+
+    with VLLMServer(args.model, server_args, served_name=args.served_name, dtype=dtype,
+                    on_wait=progress) as server:
         print(f"server ready at {server.url} (log: {server.log_path})", flush=True)
         with open(server.log_path) as f:
             for line in f:

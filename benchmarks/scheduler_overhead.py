@@ -76,6 +76,7 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
+from vllm_continuum_plugin.clock import SYSTEM_CLOCK  # noqa: E402
 from vllm_continuum_plugin.estimators.history import ToolDurationHistory  # noqa: E402
 from vllm_continuum_plugin.estimators.prefill import PrefillCostModel  # noqa: E402
 from vllm_continuum_plugin.estimators.ttl import CDFTTLPolicy, TTLContext  # noqa: E402
@@ -209,6 +210,7 @@ class SchedulerRig:
             max_num_batched_tokens=workload.max_num_batched_tokens,
             max_model_len=workload.max_model_len,
             continuum=workload.continuum_config() if policy != "fcfs" else None,
+            clock=SYSTEM_CLOCK,  # real time: the benchmark measures a server's behaviour
         )
         self._next_turn = [0] * workload.jobs
         self._created = 0

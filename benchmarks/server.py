@@ -3,6 +3,8 @@
 The server is the stock OpenAI-compatible server; the plugin is active only
 through its entry point. Processes are stopped by their own PID (process
 group), ports are picked free, and logs go to a file kept for failures.
+Unless the arguments name ``--dtype``, the server computes in
+:func:`~.dtype.serving_dtype` (fp32 on CPUs without native bf16).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import requests
+
+from .dtype import serving_dtype
 
 __all__ = ["VLLMServer", "free_port", "parse_metrics"]
 
@@ -49,14 +53,23 @@ class VLLMServer:
         served_name: str = "model",
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 300.0,
+        dtype: str | None = None,
+        on_wait: Callable[[float, "VLLMServer"], None] | None = None,
+        wait_report_s: float = 10.0,
     ) -> None:
         self.model = model
         self.served_name = served_name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = list(args)
+        if not any(a == "--dtype" or a.startswith("--dtype=") for a in self.args):
+            # The fastest exact dtype for this machine (bf16 only where native).
+            self.args += ["--dtype", dtype or serving_dtype()]
         self.env = {**os.environ, **(env or {})}
         self.startup_timeout_s = startup_timeout_s
+        # Called every ``wait_report_s`` while the server starts (progress).
+        self.on_wait = on_wait
+        self.wait_report_s = wait_report_s
         self.log_path = tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")[1]
         self.proc: subprocess.Popen | None = None
 
@@ -80,8 +93,10 @@ class VLLMServer:
         self.proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )
-        deadline = time.time() + self.startup_timeout_s
-        while time.time() < deadline:
+        started = time.monotonic()
+        deadline = started + self.startup_timeout_s
+        next_report = started + self.wait_report_s
+        while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
@@ -89,6 +104,9 @@ class VLLMServer:
                     return
             except requests.RequestException:
                 pass
+            if self.on_wait is not None and time.monotonic() >= next_report:
+                next_report += self.wait_report_s
+                self.on_wait(time.monotonic() - started, self)
             time.sleep(1.0)
         self.stop()
         raise TimeoutError(f"vllm serve not ready in {self.startup_timeout_s}s:\n{self.log_tail()}")
@@ -105,6 +123,11 @@ class VLLMServer:
         except subprocess.TimeoutExpired:
             os.killpg(pgid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+    def last_log_line(self, width: int = 100) -> str:
+        """The server log's last non-empty line (progress while starting)."""
+        lines = [line.strip() for line in self.log_tail(5).splitlines() if line.strip()]
+        return lines[-1][-width:] if lines else "(no output yet)"
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -7,7 +7,12 @@
 * ``tiny-llama``: a random-weight ``LlamaForCausalLM`` (hidden 256, 4 layers)
   with a byte-level BPE tokenizer trained on local text, for fast tests.
 
-Usage: python scripts/build_models.py --out DIR [--only NAME ...] [--force]
+Both are written in the machine's serving dtype (``--dtype``, default:
+``vllm_continuum_plugin.benchmarks.dtype.serving_dtype()``: bf16 where the
+CPU has native bf16, else fp32, in which the GGUF's dequantized weights are
+exact). A model built in another dtype is rebuilt.
+
+Usage: python scripts/build_models.py --out DIR [--only NAME ...] [--force] [--dtype D]
 """
 
 from __future__ import annotations
@@ -35,8 +40,14 @@ CHATML_TEMPLATE = (
 )
 
 
-def _done(path: str) -> bool:
-    return os.path.exists(os.path.join(path, MARKER))
+def _built_dtype(path: str) -> str | None:
+    """The dtype a complete build was written in (None: no complete build).
+    Builds from before dtypes were recorded were bf16."""
+    try:
+        with open(os.path.join(path, MARKER)) as f:
+            return json.load(f).get("dtype", "bfloat16")
+    except (OSError, ValueError):
+        return None
 
 
 def _mark(path: str, info: dict) -> None:
@@ -59,7 +70,7 @@ def find_smollm2_gguf() -> str:
     return files[0]
 
 
-def build_smollm2(out: str) -> None:
+def build_smollm2(out: str, dtype: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -69,7 +80,7 @@ def build_smollm2(out: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.time()
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
-    kwargs: dict = {"gguf_file": gguf_file, "dtype": torch.bfloat16}
+    kwargs: dict = {"gguf_file": gguf_file, "dtype": getattr(torch, dtype)}
     try:  # transformers >= 5 keeps GGUF weights packed unless told otherwise
         from transformers import GgufConfig  # type: ignore[attr-defined]
 
@@ -88,8 +99,8 @@ def build_smollm2(out: str) -> None:
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    _mark(out, {"source": gguf_path, "seconds": round(time.time() - t0, 1)})
-    print(f"built {out} from {gguf_file} in {time.time() - t0:.1f}s")
+    _mark(out, {"source": gguf_path, "seconds": round(time.time() - t0, 1), "dtype": dtype})
+    print(f"built {out} ({dtype}) from {gguf_file} in {time.time() - t0:.1f}s")
 
 
 _CORPUS = """
@@ -108,7 +119,7 @@ Traceback (most recent call last): File "main.py", line 3, in <module>
 """
 
 
-def build_tiny_llama(out: str, hidden: int = 256, layers: int = 4) -> None:
+def build_tiny_llama(out: str, dtype: str, hidden: int = 256, layers: int = 4) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -149,17 +160,27 @@ def build_tiny_llama(out: str, hidden: int = 256, layers: int = 4) -> None:
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         tie_word_embeddings=True,
-        torch_dtype="bfloat16",
+        torch_dtype=dtype,
     )
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    # Drawn in bf16 on every machine, so the weights are the same values
+    # whatever dtype they are stored in.
+    model = LlamaForCausalLM(config).to(torch.bfloat16).to(getattr(torch, dtype))
     model.save_pretrained(tmp, safe_serialization=True)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    _mark(out, {"hidden": hidden, "layers": layers})
-    print(f"built {out} in {time.time() - t0:.1f}s")
+    _mark(out, {"hidden": hidden, "layers": layers, "dtype": dtype})
+    print(f"built {out} ({dtype}) in {time.time() - t0:.1f}s")
 
 
 BUILDERS = {DEFAULT_MODEL: build_smollm2, TINY_MODEL: build_tiny_llama}
+
+
+def _default_dtype() -> str:
+    from vllm_continuum_plugin.benchmarks.dtype import serving_dtype
+
+    dtype = serving_dtype()
+    # "auto"/"float16" (set by hand) keep the checkpoints' historical bf16.
+    return dtype if dtype in ("bfloat16", "float32") else "bfloat16"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,14 +194,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", nargs="*", choices=sorted(BUILDERS), help="build only these")
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
+    parser.add_argument(
+        "--dtype", choices=("bfloat16", "float32"), default=None,
+        help="weights dtype (default: this machine's serving dtype, see CONTINUUM_DTYPE)",
+    )
     args = parser.parse_args(argv)
+    dtype = args.dtype or _default_dtype()
     os.makedirs(args.out, exist_ok=True)
     for name in args.only or list(BUILDERS):
         path = os.path.join(args.out, name)
-        if _done(path) and not args.force:
-            print(f"{path}: up to date")
+        built = _built_dtype(path)
+        if built == dtype and not args.force:
+            print(f"{path}: up to date ({dtype})")
             continue
-        BUILDERS[name](path)
+        if built is not None:
+            print(f"{path}: built in {built}, this machine serves {dtype}: rebuilding")
+        BUILDERS[name](path, dtype)
     return 0
 
 

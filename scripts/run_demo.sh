@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${CONTINUUM_VENV:-$HOME/.venvs/vllm-continuum}
-exec "$VENV/bin/vllm-continuum-demo" "$@"
+# Unbuffered: per-turn lines appear as they happen, also through a pipe.
+PYTHONUNBUFFERED=1 exec "$VENV/bin/vllm-continuum-demo" "$@"

@@ -5,13 +5,19 @@ own; only the model runner is replaced by ``step()``, which feeds the
 scheduler one sampled token per scheduled request (what a real runner
 returns), so the scheduling, prefix caching, pinning and freeing paths run
 exactly as in a server.
+
+Time is a :class:`~vllm_continuum_plugin.clock.ManualClock` by default: pins
+lapse only when a test calls ``scheduler.clock.advance(...)``, never because
+the machine is slow. ``make_request`` stamps arrivals with the clock of the
+scheduler made last (advancing it by ``ARRIVAL_SPACING_S`` per request, so
+requests arrive in the order they are made), so measured tool times are the
+time the test advanced.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,14 +37,22 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from vllm_continuum_plugin.benchmarks.dtype import serving_dtype
+from vllm_continuum_plugin.clock import SYSTEM_CLOCK, Clock, ManualClock
 from vllm_continuum_plugin.registration import register
 
 MODELS_DIR = os.environ.get("CONTINUUM_MODELS", os.path.expanduser("~/.cache/vllm-continuum/models"))
 TINY_MODEL = os.path.join(MODELS_DIR, "tiny-llama")
 DEFAULT_MODEL = os.path.join(MODELS_DIR, "smollm2-135m-instruct")
+# Every real engine the tests start computes in this dtype (bf16 only where
+# the CPU has it natively; fp32 elsewhere): comparisons stay like with like.
+ENGINE_DTYPE = serving_dtype()
 
 _ids = itertools.count()
 _hash_ready = False
+# The clock of the scheduler made last: arrivals are stamped with it.
+ARRIVAL_SPACING_S = 1e-3  # a manual clock moves this far per request made
+_current_clock: Clock = SYSTEM_CLOCK
 
 
 def make_scheduler(
@@ -52,9 +66,15 @@ def make_scheduler(
     enable_prefix_caching: bool = True,
     continuum: dict[str, Any] | None = None,
     async_scheduling: bool = False,
+    clock: Clock | None = None,
 ) -> Scheduler:
-    """A real scheduler for ``policy`` ("fcfs" gives vLLM's stock one)."""
-    global _hash_ready
+    """A real scheduler for ``policy`` ("fcfs" gives vLLM's stock one).
+
+    The plugin's schedulers run on ``clock`` (default: a new ``ManualClock``,
+    available as ``scheduler.clock``); vLLM's stock one has no clock and
+    requests made for it are stamped with the system time.
+    """
+    global _hash_ready, _current_clock
     register()
     if not _hash_ready:
         init_none_hash(sha256)
@@ -96,12 +116,17 @@ def make_scheduler(
         groups.append(KVCacheGroupSpec(["layer.1"], window))
     kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cls = vllm_config.scheduler_config.get_scheduler_cls()
+    kwargs: dict[str, Any] = {}
+    if hasattr(cls, "release_expired_pins"):  # one of the plugin's schedulers
+        kwargs["clock"] = clock if clock is not None else ManualClock()
+    _current_clock = kwargs.get("clock", SYSTEM_CLOCK)
     return cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=block_size,
         log_stats=True,
+        **kwargs,
     )
 
 
@@ -121,12 +146,16 @@ def make_request(
     if is_last_step is not None:
         extra_args["is_last_step"] = is_last_step
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args or None, stop=stop)
+    if arrival_time is None and isinstance(_current_clock, ManualClock):
+        # Requests a test makes one after another arrive in that order, as
+        # on a server (job-level FCFS and the preemption order depend on it).
+        _current_clock.advance(ARRIVAL_SPACING_S)
     return Request(
         request_id=f"req-{next(_ids)}",
         prompt_token_ids=list(prompt),
         sampling_params=params,
         pooling_params=None,
-        arrival_time=time.time() if arrival_time is None else arrival_time,
+        arrival_time=_current_clock.time() if arrival_time is None else arrival_time,
         block_hasher=get_request_block_hasher(block_size, sha256),
     )
 

@@ -7,6 +7,7 @@ import pytest
 from harness import TINY_MODEL
 
 from vllm_continuum_plugin.benchmarks import ab_benchmark
+from vllm_continuum_plugin.benchmarks.dtype import serving_dtype
 
 pytestmark = pytest.mark.e2e
 
@@ -31,6 +32,9 @@ def test_two_arm_ab_run_completes_every_job_and_reports(tmp_path, capsys):
     assert summary["continuum"]["pins"] >= 3  # non-final turns pinned (the pin cap trims some)
     assert "JCT mean" in printed and "continuum" in printed
     assert os.path.exists(out / "ab_load_2.0.png")
+    # Figures say where they were measured: CPU and dtype.
+    assert data["machine"]["dtype"] == serving_dtype() and data["machine"]["cpu"]
+    assert f"every arm serves in {serving_dtype()}" in printed
 
 
 @pytest.mark.parametrize(("arm", "hold_seconds"), [("offload", 300.0), ("continuum-offload-lru", 0.0)])

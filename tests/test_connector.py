@@ -23,9 +23,10 @@ import random
 
 import pytest
 import torch
-from harness import DEFAULT_MODEL, TINY_MODEL
+from harness import DEFAULT_MODEL, ENGINE_DTYPE, TINY_MODEL
 
 from vllm_continuum_plugin.connectors import CONNECTOR_MODULE as MODULE
+from vllm_continuum_plugin.benchmarks.dtype import torch_dtype
 from vllm_continuum_plugin.connectors import cpu_store, kv_offload, lmcache_store, offload_metrics
 
 CPUStore = cpu_store.CPUStore
@@ -526,6 +527,7 @@ def _make_llm(
         max_num_seqs=8,
         enforce_eager=True,
         seed=0,
+        dtype=ENGINE_DTYPE,
         kv_transfer_config=kv_cfg,
         **kw,
     )
@@ -716,24 +718,26 @@ def test_c_concurrent_same_length_prompts_never_share_kv(smol):
     print(
         f"\n[isolation] greedy tokens equal; max |logprob diff|: batch-of-4 reload vs batch-of-4 "
         f"cold = {warm_vs_cold:.3g}; batch vs solo = {warm_vs_solo:.3g} (reload), "
-        f"{cold_vs_solo:.3g} (cold) -- bf16 batch-shape noise"
+        f"{cold_vs_solo:.3g} (cold) -- {ENGINE_DTYPE} batch-shape noise"
     )
     # Another request's KV would change tokens and logprobs by O(1); what is
-    # left is bf16 batch-shape noise, the same with and without reloads.
+    # left is batch-shape rounding noise, the same with and without reloads.
     assert warm_vs_solo < 0.1 and cold_vs_solo < 0.1 and warm_vs_cold < 0.1
     _assert_store_consistent(llm)
 
 
 def _block_bytes(model_dir: str) -> int:
-    """The connector's per-block byte estimate for a bf16 Llama checkpoint
-    with block size 32 (K and V, every layer, 16-byte padding per layer)."""
+    """The connector's per-block byte estimate for a Llama checkpoint served
+    in ``ENGINE_DTYPE`` with block size 32 (K and V, every layer, 16-byte
+    padding per layer)."""
     import json
 
     with open(os.path.join(model_dir, "config.json")) as f:
         c = json.load(f)
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     layers = c["num_hidden_layers"]
-    return layers * (2 * 32 * c["num_key_value_heads"] * head_dim * 2 + 16)
+    element = torch_dtype(ENGINE_DTYPE).itemsize
+    return layers * (2 * 32 * c["num_key_value_heads"] * head_dim * element + 16)
 
 
 STORE_BLOCKS = 40

@@ -2,6 +2,13 @@
 
 One server (the embedded SmolLM2-135M-Instruct, block size 32, a 96-block KV
 pool) serves all checks in this module; each test uses its own job ids.
+
+No check races a TTL against the machine's speed. The server's cold-start
+TTL is ``LONG_TTL_S``, longer than any workload here takes on a slow machine,
+and every job that is not ended by a last step asks for a short TTL with its
+own ``expected_tool_seconds``; checks that a pin lapsed wait for the TTL
+counter (bounded by ``WAIT_S``), and checks that something did *not* happen
+first wait for a later event that is published after it (a barrier).
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from vllm_continuum_plugin.benchmarks.server import VLLMServer
 pytestmark = pytest.mark.e2e
 
 NUM_BLOCKS = 96
-TTL_S = 15  # cold-start TTL: long enough to outlive the flood test
+LONG_TTL_S = 600  # cold-start TTL: outlives the flood test on any machine
+SHORT_TOOL_S = 0.3  # a job's own estimate -> a TTL of 0.41 s (lapses in the tests that want it)
+WAIT_S = 120  # bound on waiting for an event the server will publish
 BLOCK = 32
 BASH_REGEX = r"```bash\n(ls|cat main\.py|git status)\n```"
 
@@ -37,7 +46,7 @@ def server():
         "--max-num-seqs", "8",
         "--enforce-eager",
         "--enable-prompt-tokens-details",
-        "--additional-config", '{"continuum": {"default_ttl_s": %d}}' % TTL_S,
+        "--additional-config", '{"continuum": {"default_ttl_s": %d, "max_ttl_s": %d}}' % (LONG_TTL_S, LONG_TTL_S),
     ]
     with VLLMServer(DEFAULT_MODEL, args, served_name="smollm2", env={"VLLM_LOGGING_LEVEL": "DEBUG"}) as srv:
         yield srv
@@ -72,13 +81,25 @@ def kv_usage(server) -> float:
     return server.metric("vllm:kv_cache_usage_perc")
 
 
-def wait_for(predicate, timeout=5.0, interval=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+def wait_for(predicate, timeout=WAIT_S, interval=0.05):
+    """Poll until ``predicate()`` holds (the plugin publishes its counters
+    every 0.1 s from a thread; how soon it runs depends on the machine)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         if predicate():
             return True
         time.sleep(interval)
     return predicate()
+
+
+def barrier(server, client, name: str) -> None:
+    """Wait until everything the engine did before now is on ``/metrics``:
+    a marker turn that creates one pin (which lapses in 0.41 s) is finished
+    and published after every earlier request."""
+    created = server.metric("vllm_continuum:pins_created")
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
+    chat(client, messages, f"barrier-{name}", False, max_tokens=8, expected_tool_seconds=SHORT_TOOL_S)
+    assert wait_for(lambda: server.metric("vllm_continuum:pins_created") >= created + 1)
 
 
 def test_field_report_check_pins_hold_through_tool_gaps_and_drop_after_last_step(server, client):
@@ -92,7 +113,7 @@ def test_field_report_check_pins_hold_through_tool_gaps_and_drop_after_last_step
         cached.append(r.usage.prompt_tokens_details.cached_tokens)
         if last:
             break
-        time.sleep(0.15)  # let the snapshot thread publish
+        assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") > 0)
         during_gap = []
         for _ in range(3):  # the tool "runs"
             time.sleep(0.3)
@@ -133,13 +154,16 @@ def test_next_turn_hits_cache_after_other_jobs_flood_the_pool(server, client):
 def test_vllm_xargs_and_session_id_forms_create_pins(server, client):
     before = server.metric("vllm_continuum:pins_created")
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Status?"}]
+    # (Short TTLs: these jobs never send a last step.)
     client.chat.completions.create(
         model="smollm2", messages=messages, max_tokens=8,
-        extra_body={"vllm_xargs": {"job_id": "xargs-job", "is_last_step": False}},
+        extra_body={"vllm_xargs": {"job_id": "xargs-job", "is_last_step": False,
+                                   "expected_tool_seconds": SHORT_TOOL_S}},
     )
     client.chat.completions.create(
         model="smollm2", messages=messages, max_tokens=8,
         extra_headers={"X-Session-ID": "session-job"},
+        extra_body={"expected_tool_seconds": SHORT_TOOL_S},
     )
     assert wait_for(lambda: server.metric("vllm_continuum:pins_created") >= before + 2)
 
@@ -148,8 +172,8 @@ def test_request_without_job_id_is_served_and_never_pinned(server, client):
     before = server.metric("vllm_continuum:pins_created")
     r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
     assert r.choices[0].finish_reason in ("stop", "length")
-    time.sleep(0.3)
-    assert server.metric("vllm_continuum:pins_created") == before
+    barrier(server, client, "untagged")
+    assert server.metric("vllm_continuum:pins_created") == before + 1  # the barrier's pin only
 
 
 @pytest.mark.parametrize("field, value", [
@@ -167,11 +191,12 @@ def test_malformed_metadata_is_a_400_naming_the_field(server, field, value):
 def test_short_ttl_expires_while_engine_is_idle(server, client):
     # The client's own estimate gives a short TTL (about 0.4 s).
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
+    assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0)  # earlier pins gone
     before = server.metric("vllm_continuum:pins_released_total", reason="ttl")
-    chat(client, messages, "short-ttl", False, expected_tool_seconds=0.3)
-    time.sleep(2.0)  # nothing else runs: only the expiry wake-up can release it
-    after = server.metric("vllm_continuum:pins_released_total", reason="ttl")
-    assert after == before + 1
+    chat(client, messages, "short-ttl", False, expected_tool_seconds=SHORT_TOOL_S)
+    # Nothing else runs: only the expiry wake-up can release it.
+    assert wait_for(lambda: server.metric("vllm_continuum:pins_released_total", reason="ttl") == before + 1)
+    assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0)
 
 
 def test_abandoned_stream_is_aborted_without_pin(server, client):
@@ -185,14 +210,15 @@ def test_abandoned_stream_is_aborted_without_pin(server, client):
         if i == 3:
             break
     stream.close()
-    time.sleep(1.0)
-    assert server.metric("vllm_continuum:pins_created") == created
+    # The abort has reached the engine once nothing runs; then a barrier.
+    assert wait_for(lambda: server.metric("vllm:num_requests_running") == 0)
+    barrier(server, client, "abort")
+    assert server.metric("vllm_continuum:pins_created") == created + 1  # the barrier's pin only
 
 
 def test_zz_all_blocks_free_once_jobs_end_and_ttls_lapse(server):
     """Runs last in this module: pins left by non-final turns lapse (TTL),
     and then every KV block is free again."""
-    assert wait_for(
-        lambda: server.metric("vllm_continuum:pinned_blocks") == 0 and kv_usage(server) == 0.0,
-        timeout=TTL_S + 10,
-    )
+    assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0 and kv_usage(server) == 0.0)
+    # The pins that ended that way lapsed: xargs, session, short-ttl, barriers.
+    assert server.metric("vllm_continuum:pins_released_total", reason="ttl") >= 4

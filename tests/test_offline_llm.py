@@ -1,7 +1,7 @@
 """`LLM(..., scheduling_policy="continuum")`: the offline API selects the plugin."""
 
 import pytest
-from harness import TINY_MODEL
+from harness import ENGINE_DTYPE, TINY_MODEL
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +15,7 @@ def llm():
     engine = LLM(
         model=TINY_MODEL,
         scheduling_policy="continuum",
+        dtype=ENGINE_DTYPE,
         block_size=32,
         kv_cache_memory_bytes=64 * 1024 * 1024,
         max_model_len=512,

@@ -2,14 +2,15 @@
 
 No model weights: ``harness.step`` feeds one sampled token per scheduled
 request, so vLLM's own scheduling, prefix caching and block freeing run.
+Time is the scheduler's manual clock: nothing here sleeps, and a pin lapses
+only when a test advances the clock past its TTL.
 """
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from harness import (
+    ARRIVAL_SPACING_S,
     admitted_cached_tokens,
     free_blocks,
     make_request,
@@ -83,12 +84,15 @@ def test_handoff_releases_pin_when_next_turn_is_admitted():
 
 
 def test_ttl_expiry_frees_blocks_even_when_idle():
-    s = make_scheduler(num_blocks=64, continuum={"default_ttl_s": 0.2})
+    s = make_scheduler(num_blocks=64, continuum={"default_ttl_s": 2.0})
     first_turn(s, "a")
     assert s.pins.get("a") is not None
     step(s)  # vLLM reports the finished request to the workers
+    s.clock.advance(1.99)
     assert not s.has_requests()  # engine may sleep: nothing due yet
-    time.sleep(0.25)
+    step(s)
+    assert "a" in s.pins  # a step before the deadline keeps it
+    s.clock.advance(0.01)
     assert s.has_requests()  # a due pin wakes the engine for one step
     step(s)
     assert s.continuum_metrics.snapshot()["pins_released"]["ttl"] == 1
@@ -97,14 +101,14 @@ def test_ttl_expiry_frees_blocks_even_when_idle():
 
 
 def test_expired_pin_waits_for_its_queued_next_turn():
-    s = make_scheduler(num_blocks=64, max_num_seqs=1, continuum={"default_ttl_s": 0.05})
+    s = make_scheduler(num_blocks=64, max_num_seqs=1, continuum={"default_ttl_s": 2.0})
     prompt, r1 = first_turn(s, "a")
     blocker = make_request(prompt_of(500, 60), max_tokens=30)
     s.add_request(blocker)
     step(s)  # the blocker occupies the only running slot
     r2 = make_request(next_turn_prompt(prompt, r1), job_id="a", is_last_step=True)
     s.add_request(r2)
-    time.sleep(0.1)
+    s.clock.advance(5.0)
     step(s)
     assert "a" in s.pins  # expired, but its next turn is queued: keep for hand-off
     run_until_finished(s, [blocker, r2])
@@ -279,7 +283,7 @@ def test_prefix_caching_disabled_means_no_pins():
 
 def test_job_fcfs_queue_order_and_pinned_jobs_first():
     s = make_scheduler(num_blocks=200, max_num_seqs=1)
-    t = time.time()
+    t = s.clock.time()
     old_prompt, old_r1 = first_turn(s, "old", arrival_time=t - 100)
     # Newer job's first turn and the old job's second turn, newer one first.
     new = make_request(prompt_of(50, 40), job_id="new", arrival_time=t - 1)
@@ -298,7 +302,7 @@ def test_job_fcfs_queue_order_and_pinned_jobs_first():
 
 def test_preemption_victim_is_latest_job_not_on_last_step():
     s = make_scheduler(num_blocks=30, max_num_seqs=3, continuum={"max_pinned_fraction": 0.01})
-    t = time.time()
+    t = s.clock.time()
     early = make_request(prompt_of(1, 100), max_tokens=120, job_id="early", arrival_time=t - 30)
     late_last = make_request(prompt_of(2, 100), max_tokens=120, job_id="late-last", is_last_step=True, arrival_time=t - 10)
     middle = make_request(prompt_of(3, 100), max_tokens=120, job_id="middle", arrival_time=t - 20)
@@ -323,7 +327,7 @@ def test_many_jobs_random_lifecycle_leave_no_block_behind():
     import random
 
     rng = random.Random(0)
-    s = make_scheduler(num_blocks=120, max_num_seqs=6, continuum={"default_ttl_s": 0.05})
+    s = make_scheduler(num_blocks=120, max_num_seqs=6, continuum={"default_ttl_s": 2.0})
     live = []
     for i in range(60):
         job = f"j{rng.randrange(12)}"
@@ -334,10 +338,11 @@ def test_many_jobs_random_lifecycle_leave_no_block_behind():
         live.append(r)
         for _ in range(rng.randrange(0, 4)):
             step(s)
+            s.clock.advance(rng.choice((0.0, 0.5, 3.0)))  # some pins lapse mid-run
         if rng.random() < 0.1 and not r.is_finished():
             s.finish_requests(r.request_id, RequestStatus.FINISHED_ABORTED)
     run_until_finished(s, live, max_steps=5000)
-    time.sleep(0.06)
+    s.clock.advance(2.0)
     step(s)
     assert_all_blocks_free(s)
 
@@ -360,19 +365,21 @@ def test_context_serve_pins_fast_frees_slow_and_falls_back_when_uncertain():
 def test_context_serve_learns_tool_times_from_arrivals():
     s = make_scheduler("context_serve", num_blocks=96)
     prompt, r1 = first_turn(s, "a", extra={"tool_command": "ls"})
-    time.sleep(0.05)
+    s.clock.advance(0.05)
     r2 = make_request(next_turn_prompt(prompt, r1), job_id="a", is_last_step=True)
     s.add_request(r2)
     run_until_finished(s, [r2])
     snap = s.continuum_metrics.snapshot()
     assert snap["tool_seconds"]["count"] == 1 and snap["prediction_error_seconds"]["count"] == 1
+    # Exactly the time that passed (plus the harness's arrival spacing).
+    assert snap["tool_seconds"]["sum"] == pytest.approx(0.05 + ARRIVAL_SPACING_S, abs=1e-6)
     assert snap["fast_pins"]["in_time"] == 1
     assert_all_blocks_free(s)
 
 
 def test_new_job_waits_instead_of_evicting_an_older_jobs_pin():
     s = make_scheduler(num_blocks=40, max_num_seqs=4, continuum={"max_pinned_fraction": 1.0, "default_ttl_s": 60})
-    t = time.time()
+    t = s.clock.time()
     prompt, r1 = first_turn(s, "old", length=300, arrival_time=t - 10)  # 19 blocks pinned
     runner = make_request(prompt_of(800, 100), max_tokens=300, job_id="runner", is_last_step=True, arrival_time=t - 5)
     s.add_request(runner)

@@ -20,6 +20,12 @@ block manager and kernels untouched:
   request in the job-aware ``ContinuumRequestQueue``.
 * ``reset_prefix_cache`` / ``shutdown`` -- release every pin first.
 
+The pin lifecycle itself (taking blocks, the cap, expiry, release, soft-pin
+victims) lives in :class:`~.pin_manager.PinManager`; every time the scheduler
+reads comes from the :class:`~.clock.Clock` it was constructed with
+(``clock=``, default the system clock), so tests advance time instead of
+sleeping.
+
 Invariants: each pinned block carries exactly one reference owned by its pin;
 ``PinTable.pop`` returns a pin at most once and its blocks are returned to the
 pool exactly then; the pinned share of the pool never exceeds
@@ -29,7 +35,6 @@ pool exactly then; the pinned share of the pool never exceeds
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,16 +43,17 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, TurnCountCorrelation
-from .decisions import Decider, PinDecision, make_decider
+from .decisions import Decider, make_decider
 from .estimators.parser import NO_TOOL_KEY, ToolCall, extract_tool_call, split_commands, tool_key_for_command
 from .estimators.prefill import PrefillCostModel
 from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
 from .job_queue import ContinuumRequestQueue, PriorityKey
 from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata
 from .metrics import EngineMetrics
-from .pin_table import Pin, PinTable
+from .pin_manager import PinManager
 from .registration import PLUGIN_POLICIES
 from .wakeup import ExpiryWaker, find_engine_input_queue
 
@@ -89,7 +95,8 @@ class ContinuumSchedulerMixin:
     vllm_config: Any
     block_size: int
 
-    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, vllm_config: Any, *args: Any, clock: Clock = SYSTEM_CLOCK, **kwargs: Any) -> None:
+        self.clock = clock
         scheduler_config = vllm_config.scheduler_config
         requested_policy = str(scheduler_config.policy)
         # vLLM's Scheduler only knows its own policies; give it FCFS for the
@@ -105,7 +112,6 @@ class ContinuumSchedulerMixin:
         self.continuum_config: ContinuumConfig = load_config(vllm_config.additional_config)
         cfg = self.continuum_config
 
-        self.pins = PinTable()
         self.jobs = JobTracker(cfg.max_jobs)
         self.tool_history = ToolDurationHistory(cfg.history_max_samples, cfg.history_max_tools)
         self.prefill_cost = PrefillCostModel(cfg.prefill_seconds_per_token)
@@ -127,7 +133,6 @@ class ContinuumSchedulerMixin:
         self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)
         block_pool = self.kv_cache_manager.block_pool
         usable_blocks = max(0, block_pool.num_gpu_blocks - 1)  # minus the null block
-        self.max_pinned_blocks = int(cfg.max_pinned_fraction * usable_blocks)
 
         self.waiting = ContinuumRequestQueue(self._queue_key)
         self.kv_holding_waiting = ContinuumRequestQueue(self._queue_key)
@@ -143,6 +148,15 @@ class ContinuumSchedulerMixin:
         parallel = vllm_config.parallel_config
         self.continuum_metrics = EngineMetrics(
             self.continuum_policy, getattr(parallel, "data_parallel_index", 0) or 0
+        )
+        self.pins = PinManager(
+            self.kv_cache_manager,
+            max_pinned_blocks=int(cfg.max_pinned_fraction * usable_blocks),
+            metrics=self.continuum_metrics,
+            clock=clock,
+            offload=self.offload,
+            on_pins_changed=self._reprioritize_job,
+            has_waiting_turn=lambda job_id: bool(self._waiting_by_job.get(job_id)),
         )
         self._wrap_allocate_slots()
         logger.info(
@@ -160,6 +174,10 @@ class ContinuumSchedulerMixin:
                 "vllm-continuum-plugin: prefix caching is disabled, so finished "
                 "turns cannot be reused; no KV will be pinned (job ordering still applies)"
             )
+
+    @property
+    def max_pinned_blocks(self) -> int:
+        return self.pins.max_pinned_blocks
 
     # ------------------------------------------------------------------
     # Queue ordering
@@ -251,7 +269,7 @@ class ContinuumSchedulerMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if not self._waker_lookup_done:
             self._init_waker()
-        self.release_expired_pins(time.monotonic())
+        self.pins.release_expired()
         if self._running_order_dirty:
             self._order_running_for_preemption()
             self._running_order_dirty = False
@@ -266,8 +284,8 @@ class ContinuumSchedulerMixin:
         return output
 
     def _after_admission(self, output: SchedulerOutput) -> None:
-        now = time.monotonic()
-        wall_now = time.time()
+        now = self.clock.monotonic()
+        wall_now = self.clock.time()
         for new_req in output.scheduled_new_reqs:
             request = self.requests.get(new_req.req_id)
             if request is None:
@@ -295,7 +313,7 @@ class ContinuumSchedulerMixin:
                 # The pin holds the job's previous prefix, so a hit covers the
                 # pinned blocks first (group 0: the full-attention prefix).
                 pinned_tokens = len(pin.blocks_by_group[0]) * self.block_size if pin.blocks_by_group else 0
-                self._release_pin(job_id, "handoff", hit_tokens=min(cached, pinned_tokens))
+                self.pins.release(job_id, "handoff", hit_tokens=min(cached, pinned_tokens))
             else:
                 job = self.jobs.get(job_id)
                 if job is not None and job.turns_finished > 0:
@@ -313,7 +331,7 @@ class ContinuumSchedulerMixin:
         return outputs
 
     def _observe_prefills(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         done: list[str] = []
         for req_id, (started, tokens) in self._prefill_started.items():
             request = self.requests.get(req_id)
@@ -330,8 +348,7 @@ class ContinuumSchedulerMixin:
             return True
         # Report work while a pin is due so an idle engine, woken by the
         # ExpiryWaker, runs the step that releases it.
-        deadline = self.pins.next_deadline()
-        return deadline is not None and deadline <= time.monotonic()
+        return self.pins.is_due()
 
     # ------------------------------------------------------------------
     # Pinning on the block-freeing path
@@ -349,12 +366,12 @@ class ContinuumSchedulerMixin:
             return
         normal, reply_text = self._finished_normally(request)
         if meta.is_last_step or not normal:
-            job = self.jobs.on_finish(job_id, time.time(), None, counted=normal)
+            job = self.jobs.on_finish(job_id, self.clock.time(), None, counted=normal)
             if meta.is_last_step:
                 if normal and job is not None:
                     self.turn_correlation.add_job(job.turns_finished)
                 self.jobs.forget(job_id)
-            self._release_pin(job_id, "last_step" if meta.is_last_step else "abort")
+            self.pins.release(job_id, "last_step" if meta.is_last_step else "abort")
             if self.offload is not None:
                 # Nobody reloads a finished job's context: its stored blocks
                 # go first. (An aborted turn may be retried: keep them.)
@@ -366,7 +383,7 @@ class ContinuumSchedulerMixin:
 
         call = self._tool_call(meta, request, reply_text)
         tool_key = call.tool_key if call is not None else NO_TOOL_KEY
-        job = self.jobs.on_finish(job_id, time.time(), tool_key, counted=True)
+        job = self.jobs.on_finish(job_id, self.clock.time(), tool_key, counted=True)
         if not self.pinning_enabled or not self._request_blocks_can_be_freed(request):  # type: ignore[attr-defined]
             # (The second case: an in-flight step may still write these blocks
             # and vLLM defers their free; keep that path stock.)
@@ -392,14 +409,14 @@ class ContinuumSchedulerMixin:
             job_id, request.request_id, tool_key, decision.ttl_s, decision.source,
         )
         # A newer turn supersedes the job's older pin (overlapping turns).
-        self._release_pin(job_id, "handoff")
+        self.pins.release(job_id, "handoff")
         if decision.ttl_s <= 0:
             self.continuum_metrics.on_ttl_decision(0.0)
             if self.offload is not None:  # SLOW tool: reload later, not recompute
                 self.offload.save_request(request, hold_job=job_id)
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
-        self._pin(request, job_id, tool_key, decision)
+        self.pins.pin(request, job_id, self._job_first_arrival(request), decision.ttl_s, tool_key, decision.speed)
 
     def _rebuild_seconds(self, request: Request) -> float | None:
         """With an offload connector, rebuilding the context costs a reload
@@ -468,119 +485,9 @@ class ContinuumSchedulerMixin:
             self._tokenizer_failed = self._tokenizer is None
         return self._tokenizer
 
-    def _pin(self, request: Request, job_id: str, tool_key: str, decision: PinDecision) -> None:
-        ttl_s = decision.ttl_s
-        managers = self.kv_cache_manager.coordinator.single_type_managers
-        keep_by_group: list[list[Any]] = []
-        for manager in managers:
-            blocks = manager.pop_blocks_for_free(request.request_id)
-            keep = [b for b in blocks if b.block_hash is not None and not b.is_null]
-            keep_ids = {id(b) for b in keep}
-            drop = [b for b in blocks if id(b) not in keep_ids]
-            if drop:
-                manager.block_pool.free_blocks(reversed(drop))
-            keep_by_group.append(keep)
-        job_first_arrival = self._job_first_arrival(request)
-        keep_by_group = self._fit_under_cap(keep_by_group, job_id, job_first_arrival)
-        if not any(keep_by_group):
-            self.continuum_metrics.on_ttl_decision(0.0)
-            return
-        now = time.monotonic()
-        pin = Pin(
-            job_id=job_id,
-            request_id=request.request_id,
-            blocks_by_group=keep_by_group,
-            job_first_arrival=job_first_arrival,
-            created_at=now,
-            deadline=now + ttl_s,
-            ttl_s=ttl_s,
-            tool_key=tool_key,
-            speed=decision.speed,
-        )
-        self.pins.add(pin)
-        self._reprioritize_job(job_id)
-        self.continuum_metrics.on_pin(ttl_s, pin.num_blocks, self.pins.num_pinned_blocks, len(self.pins))
-        logger.debug(
-            "continuum: pinned %d blocks of job %s for %.3fs (tool %r)",
-            pin.num_blocks, job_id, ttl_s, tool_key,
-        )
-
-    def _fit_under_cap(
-        self, keep_by_group: list[list[Any]], job_id: str, job_first_arrival: float
-    ) -> list[list[Any]]:
-        """Make room under the pin cap, or shrink the pin to fit.
-
-        Pins of jobs that arrived later than this one are released first
-        (job-level FCFS); what still does not fit is trimmed from the tail
-        (single KV group) or not pinned at all (several groups, which must
-        stay consistent).
-        """
-        needed = sum(len(g) for g in keep_by_group)
-        while self.pins.num_pinned_blocks + needed > self.max_pinned_blocks:
-            victim = self.pins.latest_job_pin(exclude_job=job_id)
-            if victim is None or victim.job_first_arrival <= job_first_arrival:
-                break
-            self._release_pin(victim.job_id, "pressure")
-        room = self.max_pinned_blocks - self.pins.num_pinned_blocks
-        if needed <= room:
-            return keep_by_group
-        pool = self.kv_cache_manager.block_pool
-        if len(keep_by_group) == 1 and room > 0:
-            kept, dropped = keep_by_group[0][:room], keep_by_group[0][room:]
-            self._offload_blocks(dropped, job_id)
-            pool.free_blocks(reversed(dropped))
-            return [kept]
-        self._offload_blocks(keep_by_group[0], job_id)
-        for group in keep_by_group:
-            if group:
-                pool.free_blocks(reversed(group))
-        return [[] for _ in keep_by_group]
-
-    def _offload_blocks(self, blocks: list[Any], job_id: str) -> None:
-        # The copy runs before the next forward pass, so freeing right after
-        # is safe (the connector orders it before any reuse of the blocks).
-        # The job expects its next turn: the store holds the blocks for it.
-        if self.offload is not None and blocks:
-            self.offload.save_blocks(blocks, hold_job=job_id)
-
-    def _release_pin(self, job_id: str, reason: str, hit_tokens: int = 0) -> bool:
-        pin = self.pins.pop(job_id)
-        if pin is None:
-            return False
-        if reason in ("ttl", "pressure") and pin.blocks_by_group:
-            self._offload_blocks(pin.blocks_by_group[0], job_id)
-        pool = self.kv_cache_manager.block_pool
-        for group in pin.blocks_by_group:
-            if group:
-                pool.free_blocks(reversed(group))
-        if reason != "handoff":
-            # After a hand-off the job's prefix is held by its running turn,
-            # so its other waiting turns (overlapping requests) keep the
-            # pinned-job tier: re-keying them would cost a heap push each on
-            # the admission path and only move them behind colder jobs.
-            self._reprioritize_job(job_id)
-        self.continuum_metrics.on_release(reason, hit_tokens, self.pins.num_pinned_blocks, len(self.pins), pin.speed)
-        logger.debug(
-            "continuum: released pin of job %s (%d blocks, reason %s, %d tokens hit)",
-            job_id, pin.num_blocks, reason, hit_tokens,
-        )
-        return True
-
-    def release_expired_pins(self, now: float) -> int:
-        """Release pins past their deadline whose job has no turn waiting
-        (a waiting turn takes the blocks over at admission instead)."""
-        released = 0
-        for pin in self.pins.expired(now):
-            if self._waiting_by_job.get(pin.job_id):
-                continue
-            released += self._release_pin(pin.job_id, "ttl")
-        return released
-
-    def release_all_pins(self, reason: str) -> int:
-        released = 0
-        for pin in self.pins.pins():
-            released += self._release_pin(pin.job_id, reason)
-        return released
+    def release_expired_pins(self) -> int:
+        """Release every pin past its deadline (see ``PinManager.release_expired``)."""
+        return self.pins.release_expired()
 
     # ------------------------------------------------------------------
     # Soft pins: memory pressure releases pins before anything else
@@ -593,21 +500,17 @@ class ContinuumSchedulerMixin:
             blocks = original(request, *args, **kwargs)
             if blocks is not None or not self.pins:
                 return blocks
-            own_job = _meta(request).job_id
             # A running request would otherwise be preempted, and with nothing
             # running a blocked admission would idle the engine: any pin
             # goes. A waiting request only takes memory pinned for jobs that
             # arrived after its own (job-level FCFS applied to memory): a new
             # job does not evict the context of an older job in a tool gap.
-            any_pin = request.status == RequestStatus.RUNNING or not self.running
-            own_arrival = self._job_first_arrival(request)
-            while blocks is None:
-                victim = self.pins.latest_job_pin(exclude_job=own_job)
-                if victim is None or (not any_pin and victim.job_first_arrival <= own_arrival):
-                    break
-                self._release_pin(victim.job_id, "pressure")
-                blocks = original(request, *args, **kwargs)
-            return blocks
+            return self.pins.release_for(
+                own_job=_meta(request).job_id,
+                own_arrival=self._job_first_arrival(request),
+                any_pin=request.status == RequestStatus.RUNNING or not self.running,
+                retry=lambda: original(request, *args, **kwargs),
+            )
 
         manager.allocate_slots = allocate_slots
 
@@ -615,11 +518,11 @@ class ContinuumSchedulerMixin:
     # Lifecycle
     # ------------------------------------------------------------------
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
-        self.release_all_pins("reset")
+        self.pins.release_all("reset")
         return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
 
     def shutdown(self) -> None:
-        self.release_all_pins("shutdown")
+        self.pins.release_all("shutdown")
         self.decider.close()
         if self._waker is not None:
             self._waker.close()
@@ -633,7 +536,7 @@ class ContinuumSchedulerMixin:
             return
         from vllm.v1.engine import EngineCoreRequestType
 
-        self._waker = ExpiryWaker(input_queue, (EngineCoreRequestType.WAKEUP, None))
+        self._waker = ExpiryWaker(input_queue, (EngineCoreRequestType.WAKEUP, None), self.clock)
 
     def _update_waker(self) -> None:
         if self._waker is not None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-import time
+
+from .clock import SYSTEM_CLOCK, Clock
 
 __all__ = ["ExpiryWaker", "find_engine_input_queue"]
 
@@ -39,8 +40,9 @@ def find_engine_input_queue(max_depth: int = 12) -> "queue.Queue | None":
 
 
 class ExpiryWaker:
-    def __init__(self, input_queue: "queue.Queue", wake_message: object) -> None:
+    def __init__(self, input_queue: "queue.Queue", wake_message: object, clock: Clock = SYSTEM_CLOCK) -> None:
         self._queue = input_queue
+        self._clock = clock
         self._message = wake_message
         self._cond = threading.Condition()
         self._deadline: float | None = None
@@ -61,7 +63,7 @@ class ExpiryWaker:
                 if self._deadline is None:
                     self._cond.wait()
                     continue
-                delay = self._deadline - time.monotonic()
+                delay = self._deadline - self._clock.monotonic()
                 if delay > 0:
                     self._cond.wait(timeout=delay)
                     continue

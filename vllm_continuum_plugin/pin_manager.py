@@ -1,0 +1,234 @@
+"""The pin lifecycle: create, hand over, expire and release pins of KV blocks.
+
+One home for everything that takes blocks out of vLLM's free queue for a job
+and gives them back. The scheduler decides *whether* a finished turn is
+pinned and for how long; this class does the block work and the timing, on
+the :class:`~.clock.Clock` it is given (tests advance a manual clock instead
+of sleeping).
+
+Invariants:
+* each pinned block carries exactly one reference, owned by its pin, and is
+  returned to the block pool exactly once, when its pin is released;
+* ``num_pinned_blocks <= max_pinned_blocks`` after every call;
+* a pin whose deadline has passed is released at the next
+  :meth:`release_expired`, unless its job has a turn waiting (that turn takes
+  the blocks over at admission instead);
+* blocks leaving a pin by TTL or memory pressure are handed to the offload
+  connector (when there is one) before they are freed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .clock import Clock
+from .metrics import EngineMetrics
+from .pin_table import Pin, PinTable
+
+logger = logging.getLogger("vllm.continuum_plugin")
+
+__all__ = ["PinManager"]
+
+
+class PinManager:
+    """Pins of finished turns over vLLM's KV cache manager (see module doc)."""
+
+    def __init__(
+        self,
+        kv_cache_manager: Any,
+        max_pinned_blocks: int,
+        metrics: EngineMetrics,
+        clock: Clock,
+        offload: Any = None,
+        on_pins_changed: Callable[[str], None] = lambda job_id: None,
+        has_waiting_turn: Callable[[str], bool] = lambda job_id: False,
+    ) -> None:
+        self._kv_cache_manager = kv_cache_manager
+        self.max_pinned_blocks = max_pinned_blocks
+        self._metrics = metrics
+        self.clock = clock
+        # The plugin's offload connector (``save_blocks``), or None.
+        self._offload = offload
+        # Called when a job gains or loses its pin (its waiting turns change tier).
+        self._on_pins_changed = on_pins_changed
+        self._has_waiting_turn = has_waiting_turn
+        self.table = PinTable()
+
+    # -- read-only views ------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.table
+
+    def __bool__(self) -> bool:
+        return len(self.table) > 0
+
+    def get(self, job_id: str) -> Pin | None:
+        return self.table.get(job_id)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return self.table.num_pinned_blocks
+
+    def next_deadline(self) -> float | None:
+        """Earliest deadline of a live pin (monotonic seconds), or None."""
+        return self.table.next_deadline()
+
+    def is_due(self) -> bool:
+        """A pin's deadline has passed (the engine should run a step)."""
+        deadline = self.table.next_deadline()
+        return deadline is not None and deadline <= self.clock.monotonic()
+
+    # -- creating pins ----------------------------------------------------
+    def pin(
+        self,
+        request: Any,
+        job_id: str,
+        job_first_arrival: float,
+        ttl_s: float,
+        tool_key: str,
+        speed: str | None = None,
+    ) -> Pin | None:
+        """Take the finished ``request``'s blocks out of its KV managers and
+        pin the hashed ones for ``ttl_s``; the rest is freed at once. Returns
+        None when nothing could be pinned (no full block, or no room)."""
+        keep_by_group: list[list[Any]] = []
+        for manager in self._kv_cache_manager.coordinator.single_type_managers:
+            blocks = manager.pop_blocks_for_free(request.request_id)
+            # Only blocks with a hash can be found by the next turn's prefix
+            # lookup; the partial tail block is of no use to it.
+            keep = [b for b in blocks if b.block_hash is not None and not b.is_null]
+            keep_ids = {id(b) for b in keep}
+            drop = [b for b in blocks if id(b) not in keep_ids]
+            if drop:
+                manager.block_pool.free_blocks(reversed(drop))
+            keep_by_group.append(keep)
+        keep_by_group = self._fit_under_cap(keep_by_group, job_id, job_first_arrival)
+        if not any(keep_by_group):
+            self._metrics.on_ttl_decision(0.0)
+            return None
+        now = self.clock.monotonic()
+        pin = Pin(
+            job_id=job_id,
+            request_id=request.request_id,
+            blocks_by_group=keep_by_group,
+            job_first_arrival=job_first_arrival,
+            created_at=now,
+            deadline=now + ttl_s,
+            ttl_s=ttl_s,
+            tool_key=tool_key,
+            speed=speed,
+        )
+        self.table.add(pin)
+        self._on_pins_changed(job_id)
+        self._metrics.on_pin(ttl_s, pin.num_blocks, self.table.num_pinned_blocks, len(self.table))
+        logger.debug(
+            "continuum: pinned %d blocks of job %s for %.3fs (tool %r)",
+            pin.num_blocks, job_id, ttl_s, tool_key,
+        )
+        return pin
+
+    def _fit_under_cap(
+        self, keep_by_group: list[list[Any]], job_id: str, job_first_arrival: float
+    ) -> list[list[Any]]:
+        """Make room under the pin cap, or shrink the pin to fit.
+
+        Pins of jobs that arrived later than this one are released first
+        (job-level FCFS); what still does not fit is trimmed from the tail
+        (single KV group) or not pinned at all (several groups, which must
+        stay consistent).
+        """
+        needed = sum(len(g) for g in keep_by_group)
+        while self.table.num_pinned_blocks + needed > self.max_pinned_blocks:
+            victim = self.table.latest_job_pin(exclude_job=job_id)
+            if victim is None or victim.job_first_arrival <= job_first_arrival:
+                break
+            self.release(victim.job_id, "pressure")
+        room = self.max_pinned_blocks - self.table.num_pinned_blocks
+        if needed <= room:
+            return keep_by_group
+        pool = self._kv_cache_manager.block_pool
+        if len(keep_by_group) == 1 and room > 0:
+            kept, dropped = keep_by_group[0][:room], keep_by_group[0][room:]
+            self._offload_blocks(dropped, job_id)
+            pool.free_blocks(reversed(dropped))
+            return [kept]
+        self._offload_blocks(keep_by_group[0], job_id)
+        for group in keep_by_group:
+            if group:
+                pool.free_blocks(reversed(group))
+        return [[] for _ in keep_by_group]
+
+    def _offload_blocks(self, blocks: list[Any], job_id: str) -> None:
+        # The copy runs before the next forward pass, so freeing right after
+        # is safe (the connector orders it before any reuse of the blocks).
+        # The job expects its next turn: the store holds the blocks for it.
+        if self._offload is not None and blocks:
+            self._offload.save_blocks(blocks, hold_job=job_id)
+
+    # -- ending pins ------------------------------------------------------
+    def release(self, job_id: str, reason: str, hit_tokens: int = 0) -> bool:
+        """End ``job_id``'s pin (if any) and return its blocks to the pool."""
+        pin = self.table.pop(job_id)
+        if pin is None:
+            return False
+        if reason in ("ttl", "pressure") and pin.blocks_by_group:
+            self._offload_blocks(pin.blocks_by_group[0], job_id)
+        pool = self._kv_cache_manager.block_pool
+        for group in pin.blocks_by_group:
+            if group:
+                pool.free_blocks(reversed(group))
+        if reason != "handoff":
+            # After a hand-off the job's prefix is held by its running turn,
+            # so its other waiting turns (overlapping requests) keep the
+            # pinned-job tier: re-keying them would cost a heap push each on
+            # the admission path and only move them behind colder jobs.
+            self._on_pins_changed(job_id)
+        self._metrics.on_release(reason, hit_tokens, self.table.num_pinned_blocks, len(self.table), pin.speed)
+        logger.debug(
+            "continuum: released pin of job %s (%d blocks, reason %s, %d tokens hit)",
+            job_id, pin.num_blocks, reason, hit_tokens,
+        )
+        return True
+
+    def release_expired(self) -> int:
+        """Release pins past their deadline whose job has no turn waiting
+        (a waiting turn takes the blocks over at admission instead)."""
+        released = 0
+        for pin in self.table.expired(self.clock.monotonic()):
+            if self._has_waiting_turn(pin.job_id):
+                continue
+            released += self.release(pin.job_id, "ttl")
+        return released
+
+    def release_all(self, reason: str) -> int:
+        released = 0
+        for pin in self.table.pins():
+            released += self.release(pin.job_id, reason)
+        return released
+
+    def release_for(
+        self,
+        own_job: str | None,
+        own_arrival: float,
+        any_pin: bool,
+        retry: Callable[[], Any],
+    ) -> Any:
+        """Soft pins: release pins, latest-arriving job first, until
+        ``retry()`` (an allocation) succeeds; returns its last result.
+
+        ``any_pin`` lets every other job's pin go; otherwise only pins of
+        jobs that arrived after ``own_arrival`` (job-level FCFS applied to
+        memory). ``own_job``'s pin is never released here.
+        """
+        result = None
+        while result is None:
+            victim = self.table.latest_job_pin(exclude_job=own_job)
+            if victim is None or (not any_pin and victim.job_first_arrival <= own_arrival):
+                break
+            self.release(victim.job_id, "pressure")
+            result = retry()
+        return result
