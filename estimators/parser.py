@@ -6,23 +6,32 @@ the turn's KV cache is kept, so parsing is best effort and never raises:
 replies without a recognisable tool call yield ``None`` and the caller falls
 back to the ``NO_TOOL_KEY`` history.
 
-Supported today: fenced ``bash`` / ``sh`` / ``shell`` / ``console`` /
-``zsh`` blocks (the last one wins; an unterminated final block counts, since
-agents often stop generation at the closing fence), with ``<think>`` sections
-removed first (terminated, unterminated, or only closed because the opening
-tag lived in the prompt).
+Supported: native tool calls in the raw text models emit for them
+(Hermes/Qwen ``<tool_call>``, Qwen3-Coder XML, Llama-3 JSON, Mistral
+``[TOOL_CALLS]``, gpt-oss/Harmony ``to=functions.NAME``; see
+``native_calls``), mini-swe-agent's ```` ```mswea_bash_command ```` fences and
+fenced ``bash`` / ``sh`` / ``shell`` / ``console`` / ``zsh`` blocks (the last
+call wins; an unterminated final block counts, since agents often stop
+generation at the closing fence), with ``<think>`` sections removed first
+(terminated, unterminated, or only closed because the opening tag lived in
+the prompt). A shell tool is keyed by its command; any other tool by its name
+and sub-action (``str_replace_editor view``).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Collection
 from dataclasses import dataclass, field
+
+from .native_calls import command_of, extract_native_calls, tool_key_of
 
 __all__ = [
     "NO_TOOL_KEY",
     "ToolCall",
     "extract_tool_call",
+    "is_finish_action",
     "split_commands",
     "strip_thinking",
     "tool_key_for_command",
@@ -67,14 +76,18 @@ class ToolCall:
     """A parsed tool call.
 
     Attributes:
-        command: the full command text of the block that won.
+        command: the full command text of the block that won (for a tool
+            that is not a shell: its name).
         tool_key: the history key (see ``tool_key_for_command``).
-        commands: the simple commands the block consists of, in order.
+        commands: the simple commands the block consists of, in order
+            (empty for a tool that is not a shell).
+        tool: ``SHELL_TOOL`` for shell commands, else the tool's name.
     """
 
     command: str
     tool_key: str
     commands: tuple[str, ...] = field(default_factory=tuple)
+    tool: str = "bash"
 
 
 def strip_thinking(text: str) -> str:
@@ -94,6 +107,16 @@ def strip_thinking(text: str) -> str:
     if open_ != -1:
         text = text[:open_]
     return text
+
+
+def is_finish_action(call: ToolCall, actions: Collection[str]) -> bool:
+    """Does ``call`` end its job? A shell call does when one of its simple
+    commands is one of ``actions`` (whitespace-normalised, e.g. mini-swe-agent's
+    ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``); any other tool when its
+    name is (``finish``, ``submit``)."""
+    if call.tool != "bash":
+        return call.tool in actions or call.tool.lower() in actions
+    return any(" ".join(simple.split()) in actions for simple in call.commands)
 
 
 def split_commands(command: str) -> list[str]:
@@ -190,6 +213,13 @@ def extract_tool_call(text: str) -> ToolCall | None:
     """Return the tool call a reply ends with, or None when there is none."""
     if not text:
         return None
+    calls = extract_native_calls(text)
+    if calls:
+        last = calls[-1]
+        command = command_of(last)
+        if command is not None:
+            return ToolCall(command, tool_key_for_command(command), tuple(split_commands(command)))
+        return ToolCall(last.name, tool_key_of(last) or last.name, (), tool=last.name)
     answer = strip_thinking(text)
     blocks = [
         m.group(2).strip()

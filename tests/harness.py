@@ -55,6 +55,14 @@ ARRIVAL_SPACING_S = 1e-3  # a manual clock moves this far per request made
 _current_clock: Clock = SYSTEM_CLOCK
 
 
+def _init_hashing() -> None:
+    """vLLM's block hasher needs its root hash set once per process."""
+    global _hash_ready
+    if not _hash_ready:
+        init_none_hash(sha256)
+        _hash_ready = True
+
+
 def make_scheduler(
     policy: str = "continuum",
     num_blocks: int = 64,
@@ -74,11 +82,9 @@ def make_scheduler(
     available as ``scheduler.clock``); vLLM's stock one has no clock and
     requests made for it are stamped with the system time.
     """
-    global _hash_ready, _current_clock
+    global _current_clock
     register()
-    if not _hash_ready:
-        init_none_hash(sha256)
-        _hash_ready = True
+    _init_hashing()
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -140,6 +146,7 @@ def make_request(
     block_size: int = 16,
     stop: list[str] | None = None,
 ) -> Request:
+    _init_hashing()
     extra_args: dict[str, Any] = dict(extra or {})
     if job_id is not None:
         extra_args["job_id"] = job_id
@@ -160,6 +167,18 @@ def make_request(
     )
 
 
+# Scripted replies: request id -> the tokens the "model" samples for it, in
+# order (requests without a script sample ``token``).
+REPLIES: dict[str, list[int]] = {}
+
+
+def scripted(request: Request, reply: list[int]) -> Request:
+    """Make the fake model answer ``request`` with ``reply`` (its max_tokens
+    should be ``len(reply)``)."""
+    REPLIES[request.request_id] = list(reply)
+    return request
+
+
 def step(scheduler: Scheduler, token: int = 7) -> Any:
     """One engine step: schedule, "run" the model, update from its output."""
     output = scheduler.schedule()
@@ -168,7 +187,9 @@ def step(scheduler: Scheduler, token: int = 7) -> Any:
     for req_id in req_ids:
         request = scheduler.requests[req_id]
         done_prefill = request.num_computed_tokens >= request.num_tokens
-        sampled.append([token] if done_prefill else [])
+        script = REPLIES.get(req_id)
+        next_token = script[request.num_output_tokens] if script and request.num_output_tokens < len(script) else token
+        sampled.append([next_token] if done_prefill else [])
     runner_output = ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={r: i for i, r in enumerate(req_ids)},

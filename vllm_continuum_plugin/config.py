@@ -19,6 +19,8 @@ __all__ = ["ContinuumConfig", "ENV_PREFIX", "load_config"]
 ENV_PREFIX = "CONTINUUM_"
 ADDITIONAL_CONFIG_SECTION = "continuum"
 TTL_POLICIES = ("cdf", "fixed")
+# mini-swe-agent's, SWE-agent's, OpenHands', Cline's and Codex-style finish actions.
+DEFAULT_FINISH_ACTIONS = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT|submit|finish|attempt_completion|task_complete"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,21 @@ class ContinuumConfig:
     rules_path: str = ""
     # ContextServe: XGBoost model file ("" = the shipped bootstrap model).
     xgb_model_path: str = ""
+    # Recognise agent turns that carry no job id by their prompt continuing a
+    # finished turn that called a tool (implicit jobs).
+    implicit_jobs: bool = True
+    # Finished turns of implicit jobs remembered for their next turn (LRU).
+    implicit_max_jobs: int = 4096
+    # Block hashes those turns may hold in all (bounds their memory; LRU).
+    implicit_max_blocks: int = 262144
+    # Tool calls that end a job (its last turn, without an is_last_step flag):
+    # a shell command equal to one of these simple commands, or a tool of this
+    # name; "|"-separated (or a JSON list in --additional-config).
+    finish_actions: str = DEFAULT_FINISH_ACTIONS
+
+    @property
+    def finish_action_list(self) -> tuple[str, ...]:
+        return tuple(" ".join(a.split()) for a in self.finish_actions.split("|") if a.strip())
 
     def __post_init__(self) -> None:
         if self.ttl_policy not in TTL_POLICIES:
@@ -90,6 +107,8 @@ class ContinuumConfig:
             self.slow_threshold_s >= self.fast_threshold_s,
             "slow_threshold_s", self.slow_threshold_s, f">= fast_threshold_s ({self.fast_threshold_s!r})",
         )
+        _require(self.implicit_max_jobs >= 0, "implicit_max_jobs", self.implicit_max_jobs, ">= 0")
+        _require(self.implicit_max_blocks >= 0, "implicit_max_blocks", self.implicit_max_blocks, ">= 0")
         _require(0.5 <= self.confidence < 1.0, "confidence", self.confidence, "in [0.5, 1)")
 
     def describe(self) -> str:
@@ -125,6 +144,10 @@ def _coerce(name: str, field_type: Any, raw: Any, source: str) -> Any:
             if isinstance(raw, bool):
                 raise ValueError
             return float(raw)
+        if isinstance(raw, (list, tuple)):  # a list setting given as a JSON list
+            if not all(isinstance(item, str) and "|" not in item for item in raw):
+                raise ValueError
+            return "|".join(raw)
         return str(raw)
     except (TypeError, ValueError):
         raise ValueError(

@@ -94,9 +94,10 @@ def parse_job_id(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise MetadataError(JOB_ID, value, "a non-empty string (or an integer)")
     text = str(value).strip()
-    if not text or len(text) > MAX_JOB_ID_LENGTH:
+    if not text or len(text) > MAX_JOB_ID_LENGTH or not text.isprintable():
+        # (Non-printable characters are reserved: implicit job ids use them.)
         raise MetadataError(
-            JOB_ID, value, f"a non-empty string of at most {MAX_JOB_ID_LENGTH} characters"
+            JOB_ID, value, f"a non-empty printable string of at most {MAX_JOB_ID_LENGTH} characters"
         )
     return text
 

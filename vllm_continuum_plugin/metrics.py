@@ -34,7 +34,14 @@ __all__ = [
 
 METRICS_DIR_ENV = "_CONTINUUM_PLUGIN_METRICS_DIR"
 PREFIX = "vllm_continuum:"
-RELEASE_REASONS = ("handoff", "ttl", "pressure", "last_step", "abort", "reset", "shutdown")
+RELEASE_REASONS = ("handoff", "ttl", "pressure", "last_step", "finish_action", "abort", "reset", "shutdown")
+# How a job's last turn was known: the client's is_last_step flag, a finish
+# action in its reply (mini-swe-agent's echo, `submit`, a `finish` tool), or
+# an implicit job's reply without a tool call (its final answer).
+JOB_END_REASONS = ("last_step", "finish_action", "final_answer")
+# Implicit jobs: "started" (an untagged turn that called a tool), "continued"
+# (an untagged request recognised as a job's next turn).
+IMPLICIT_EVENTS = ("started", "continued")
 TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 TOOL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ERROR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
@@ -79,6 +86,8 @@ class EngineMetrics:
         self.decisions: dict[str, int] = {}
         self.prediction_error_seconds = Histogram(ERROR_BUCKETS)
         self.fast_pins: dict[str, int] = {"in_time": 0, "expired": 0, "other": 0}
+        self.jobs_ended = dict.fromkeys(JOB_END_REASONS, 0)
+        self.implicit_turns = dict.fromkeys(IMPLICIT_EVENTS, 0)
         self._dirty = True
         self._path: str | None = None
         directory = os.environ.get(METRICS_DIR_ENV)
@@ -129,6 +138,16 @@ class EngineMetrics:
             self.pinned_jobs = pinned_jobs
             self._dirty = True
 
+    def on_job_end(self, reason: str) -> None:
+        with self._lock:
+            self.jobs_ended[reason] += 1
+            self._dirty = True
+
+    def on_implicit_turn(self, event: str) -> None:
+        with self._lock:
+            self.implicit_turns[event] += 1
+            self._dirty = True
+
     def on_tool_time(self, seconds: float, predicted_s: float | None = None) -> None:
         with self._lock:
             self.tool_seconds.observe(seconds)
@@ -153,6 +172,8 @@ class EngineMetrics:
                 "decisions": dict(self.decisions),
                 "prediction_error_seconds": self.prediction_error_seconds.to_json(),
                 "fast_pins": dict(self.fast_pins),
+                "jobs_ended": dict(self.jobs_ended),
+                "implicit_turns": dict(self.implicit_turns),
             }
 
     def flush(self) -> None:
@@ -288,6 +309,14 @@ class SnapshotCollector:
             PREFIX + "fast_pins", "ContextServe FAST pins by outcome (in_time: the next turn took them over).",
             labels=labels + ["outcome"],
         )
+        ended = CounterMetricFamily(
+            PREFIX + "jobs_ended", "Jobs whose last turn finished, by how it was known.",
+            labels=labels + ["reason"],
+        )
+        implicit = CounterMetricFamily(
+            PREFIX + "implicit_turns", "Untagged agent turns: implicit jobs started and continued.",
+            labels=labels + ["event"],
+        )
         for snap in self._snapshots():
             values = [snap.get("engine", "0"), snap.get("policy", "")]
             pinned.add_metric(values, snap["pinned_blocks"])
@@ -301,6 +330,10 @@ class SnapshotCollector:
                 decisions.add_metric(values + [speed, layer], count)
             for outcome, count in snap.get("fast_pins", {}).items():
                 fast.add_metric(values + [outcome], count)
+            for reason, count in snap.get("jobs_ended", {}).items():
+                ended.add_metric(values + [reason], count)
+            for event, count in snap.get("implicit_turns", {}).items():
+                implicit.add_metric(values + [event], count)
             histograms = [(ttl, "ttl_seconds"), (tool, "tool_seconds")]
             if snap.get("policy") == "context_serve":
                 histograms.append((error, "prediction_error_seconds"))
@@ -311,4 +344,4 @@ class SnapshotCollector:
                     cumulative += count
                     buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
                 family.add_metric(values, buckets, h["sum"])
-        return [pinned, jobs, created, released, hits, ttl, tool, decisions, error, fast]
+        return [pinned, jobs, created, released, hits, ttl, tool, decisions, error, fast, ended, implicit]

@@ -5,8 +5,11 @@ block manager and kernels untouched:
 
 * ``_free_request_blocks`` -- **pin**: a non-final agent turn that finished
   normally keeps its hashed KV blocks for a TTL chosen by the estimator; the
-  unhashed tail is freed. Preemption, abort, error, last step, TTL 0 and
-  disabled prefix caching free as usual.
+  unhashed tail is freed. An untagged turn whose reply calls a tool starts an
+  implicit job and is pinned the same way. Preemption, abort, error, last
+  step (the client's flag, or a finish action such as mini-swe-agent's
+  ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), an implicit job's reply
+  without a tool call, TTL 0 and disabled prefix caching free as usual.
 * ``schedule`` -- releases expired pins (TTL) before the step, orders
   ``running`` so that vLLM's "preempt running[-1]" picks the latest-arriving
   job not on its last step, and hands pins over to next turns that were
@@ -16,8 +19,10 @@ block manager and kernels untouched:
   job first) and the allocation retried, before vLLM preempts a running
   request; a waiting request (or a whole idle engine) likewise, except that a
   waiting request of a newer job does not evict an older job's pin.
-* ``add_request`` -- parses job metadata, measures tool time, and queues the
-  request in the job-aware ``ContinuumRequestQueue``.
+* ``add_request`` -- parses job metadata (an untagged request whose prompt
+  continues a finished agent turn is that implicit job's next turn, see
+  ``implicit_jobs``), measures tool time, and queues the request in the
+  job-aware ``ContinuumRequestQueue``.
 * ``reset_prefix_cache`` / ``shutdown`` -- release every pin first.
 
 The pin lifecycle itself (taking blocks, the cap, expiry, release, soft-pin
@@ -29,11 +34,14 @@ sleeping.
 Invariants: each pinned block carries exactly one reference owned by its pin;
 ``PinTable.pop`` returns a pin at most once and its blocks are returned to the
 pool exactly then; the pinned share of the pool never exceeds
-``max_pinned_fraction``; requests without a job id behave exactly as FCFS.
+``max_pinned_fraction``; requests without a job id whose reply calls no
+tool, and every untagged request when ``implicit_jobs`` is off, behave
+exactly as FCFS; client metadata always wins over an implicit match.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -47,9 +55,17 @@ from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, TurnCountCorrelation
 from .decisions import Decider, make_decider
-from .estimators.parser import NO_TOOL_KEY, ToolCall, extract_tool_call, split_commands, tool_key_for_command
+from .estimators.parser import (
+    NO_TOOL_KEY,
+    ToolCall,
+    extract_tool_call,
+    is_finish_action,
+    split_commands,
+    tool_key_for_command,
+)
 from .estimators.prefill import PrefillCostModel
 from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
+from .implicit_jobs import ImplicitJobIndex, is_implicit_job
 from .job_queue import ContinuumRequestQueue, PriorityKey
 from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata
 from .metrics import EngineMetrics
@@ -131,6 +147,14 @@ class ContinuumSchedulerMixin:
         # pin (TTL, pressure) or a SLOW turn are stored before they are freed.
         self.offload = self.connector if hasattr(self.connector, "save_blocks") else None
         self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)
+        # Untagged agents: finished turns that called a tool, found again by
+        # the prefix of their next turn (needs block hashes: prefix caching).
+        self.implicit_jobs: ImplicitJobIndex | None = (
+            ImplicitJobIndex(self.block_size, cfg.implicit_max_jobs, cfg.implicit_max_blocks)
+            if cfg.implicit_jobs and self.pinning_enabled
+            else None
+        )
+        self._finish_actions = frozenset(cfg.finish_action_list)
         block_pool = self.kv_cache_manager.block_pool
         usable_blocks = max(0, block_pool.num_gpu_blocks - 1)  # minus the null block
 
@@ -161,12 +185,13 @@ class ContinuumSchedulerMixin:
         self._wrap_allocate_slots()
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s "
-            "prefix_caching=%s max_pinned_blocks=%d%s",
+            "prefix_caching=%s max_pinned_blocks=%d implicit_jobs=%s%s",
             self.continuum_policy,
             cfg.ttl_policy,
             type(self).__name__,
             self.pinning_enabled,
             self.max_pinned_blocks,
+            self.implicit_jobs is not None,
             f" decider={type(self.decider).__name__}",
         )
         if not self.pinning_enabled:
@@ -223,6 +248,8 @@ class ContinuumSchedulerMixin:
     def add_request(self, request: Request) -> None:
         if request.request_id not in self.requests:
             meta = self._parse_request_metadata(request)
+            if meta.job_id is None and self.implicit_jobs is not None:
+                meta = self._match_implicit_job(request, meta)
             setattr(request, _META_ATTR, meta)
             if meta.job_id is not None:
                 self._on_job_arrival(request, meta)
@@ -242,6 +269,17 @@ class ContinuumSchedulerMixin:
                 e,
             )
             return UNTAGGED
+
+    def _match_implicit_job(self, request: Request, meta: JobMetadata) -> JobMetadata:
+        """An untagged request whose prompt continues a finished implicit-job
+        turn is that job's next turn (O(log n) lookups, see implicit_jobs)."""
+        assert self.implicit_jobs is not None
+        job_id = self.implicit_jobs.match(request.block_hashes, request.prompt_token_ids, self._decode_tokens)
+        if job_id is None:
+            return meta
+        self.continuum_metrics.on_implicit_turn("continued")
+        logger.debug("continuum: request %s continues implicit job %r", request.request_id, job_id)
+        return dataclasses.replace(meta, job_id=job_id)
 
     def _on_job_arrival(self, request: Request, meta: JobMetadata) -> None:
         assert meta.job_id is not None
@@ -361,29 +399,36 @@ class ContinuumSchedulerMixin:
         self._prefill_started.pop(request.request_id, None)
         meta = _meta(request)
         job_id = meta.job_id
-        if job_id is None:
+        if job_id is None and self.implicit_jobs is None:
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         normal, reply_text = self._finished_normally(request)
+        if job_id is None:
+            call = self._tool_call(meta, request, reply_text) if normal else None
+            if call is None or is_finish_action(call, self._finish_actions):
+                # Chat traffic, or a one-turn agent: served exactly as stock.
+                super()._free_request_blocks(request)  # type: ignore[misc]
+                return
+            job_id = self._start_implicit_job(request, meta)
+            meta = _meta(request)
+        else:
+            call = None
         if meta.is_last_step or not normal:
-            job = self.jobs.on_finish(job_id, self.clock.time(), None, counted=normal)
-            if meta.is_last_step:
-                if normal and job is not None:
-                    self.turn_correlation.add_job(job.turns_finished)
-                self.jobs.forget(job_id)
-            self.pins.release(job_id, "last_step" if meta.is_last_step else "abort")
-            if self.offload is not None:
-                # Nobody reloads a finished job's context: its stored blocks
-                # go first. (An aborted turn may be retried: keep them.)
-                self.offload.end_hold(job_id, demote=meta.is_last_step)
-                if meta.is_last_step:
-                    self.offload.demote_request(request)
-            super()._free_request_blocks(request)  # type: ignore[misc]
+            self._end_job(request, meta, normal, "last_step" if meta.is_last_step else None)
             return
-
-        call = self._tool_call(meta, request, reply_text)
+        if call is None:
+            call = self._tool_call(meta, request, reply_text)
+        if call is not None and is_finish_action(call, self._finish_actions):
+            self._end_job(request, meta, normal, "finish_action")
+            return
+        if call is None and is_implicit_job(job_id):
+            # An implicit job's reply without a tool call is its final answer.
+            self._end_job(request, meta, normal, "final_answer")
+            return
         tool_key = call.tool_key if call is not None else NO_TOOL_KEY
         job = self.jobs.on_finish(job_id, self.clock.time(), tool_key, counted=True)
+        if self.implicit_jobs is not None and is_implicit_job(job_id):
+            self._register_implicit_turn(request, job_id)
         if not self.pinning_enabled or not self._request_blocks_can_be_freed(request):  # type: ignore[attr-defined]
             # (The second case: an in-flight step may still write these blocks
             # and vLLM defers their free; keep that path stock.)
@@ -417,6 +462,58 @@ class ContinuumSchedulerMixin:
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         self.pins.pin(request, job_id, self._job_first_arrival(request), decision.ttl_s, tool_key, decision.speed)
+
+    def _end_job(self, request: Request, meta: JobMetadata, normal: bool, last: str | None) -> None:
+        """The job's last turn (``last``: how that was known) or an aborted
+        turn (``last`` None) finished: release its pin, free its blocks."""
+        job_id = meta.job_id
+        assert job_id is not None
+        job = self.jobs.on_finish(job_id, self.clock.time(), None, counted=normal)
+        if last is not None:
+            if normal and job is not None:
+                self.turn_correlation.add_job(job.turns_finished)
+            self.jobs.forget(job_id)
+            self.continuum_metrics.on_job_end(last)
+        if self.implicit_jobs is not None:
+            # An aborted implicit turn is not retried by prefix: its job ends too.
+            self.implicit_jobs.forget(job_id)
+        self.pins.release(job_id, "abort" if last is None else "finish_action" if last == "finish_action" else "last_step")
+        if self.offload is not None:
+            # Nobody reloads a finished job's context: its stored blocks go
+            # first. (An aborted turn may be retried: keep them.)
+            self.offload.end_hold(job_id, demote=last is not None)
+            if last is not None:
+                self.offload.demote_request(request)
+        super()._free_request_blocks(request)  # type: ignore[misc]
+
+    def _start_implicit_job(self, request: Request, meta: JobMetadata) -> str:
+        """An untagged turn that called a tool: from now on it is a job."""
+        assert self.implicit_jobs is not None
+        job_id = self.implicit_jobs.new_job_id()
+        setattr(request, _META_ATTR, dataclasses.replace(meta, job_id=job_id))
+        job, _, _ = self.jobs.on_arrival(job_id, request.arrival_time)
+        setattr(request, _JOB_ARRIVAL_ATTR, job.first_arrival)
+        self.continuum_metrics.on_implicit_turn("started")
+        logger.debug("continuum: request %s starts implicit job %r", request.request_id, job_id)
+        return job_id
+
+    def _register_implicit_turn(self, request: Request, job_id: str) -> None:
+        assert self.implicit_jobs is not None
+        self.implicit_jobs.register(
+            job_id, request.block_hashes, request.all_token_ids, request.num_prompt_tokens,
+            self._decode_tokens, self._stop_token_ids(request),
+        )
+
+    @staticmethod
+    def _stop_token_ids(request: Request) -> frozenset[int]:
+        params = request.sampling_params
+        if params is None:
+            return frozenset()
+        # (The engine adds the model's EOS to all_stop_token_ids.)
+        ids = set(params.all_stop_token_ids)
+        if params.eos_token_id is not None:
+            ids.add(params.eos_token_id)
+        return frozenset(ids)
 
     def _rebuild_seconds(self, request: Request) -> float | None:
         """With an offload connector, rebuilding the context costs a reload
@@ -466,11 +563,28 @@ class ContinuumSchedulerMixin:
         if tokenizer is None:
             return None
         try:
-            tail = request.output_token_ids[-_REPLY_TAIL_TOKENS:]
-            return tokenizer.decode(list(tail), skip_special_tokens=True)
+            tail = list(request.output_token_ids[-_REPLY_TAIL_TOKENS:])
+            stop = self._stop_token_ids(request)
+            while tail and tail[-1] in stop:
+                tail.pop()
+            # Special tokens kept: many of them delimit tool calls
+            # (<tool_call>, [TOOL_CALLS], <|call|>, <|python_tag|>).
+            return tokenizer.decode(tail, skip_special_tokens=False)
         except Exception:  # a tokenizer bug must not take the engine down
             logger.debug("continuum: could not decode reply of %s", request.request_id, exc_info=True)
             return None
+
+    def _decode_tokens(self, token_ids: Any) -> str:
+        """Text of ``token_ids`` with special tokens kept ("" when there is
+        no tokenizer: implicit jobs then never match)."""
+        tokenizer = self._get_tokenizer()
+        if tokenizer is None:
+            return ""
+        try:
+            return tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        except Exception:  # a tokenizer bug must not take the engine down
+            logger.debug("continuum: could not decode %d tokens", len(token_ids), exc_info=True)
+            return ""
 
     def _get_tokenizer(self) -> Any:
         if self._tokenizer is None and not self._tokenizer_failed:

@@ -1,0 +1,205 @@
+"""The implicit-job index over vLLM's own block hashes (pure logic).
+
+Prompts are hashed with vLLM's real block hasher, so equal hashes mean
+equal prefixes exactly as in the scheduler; "decoding" renders each token
+as ``<id>`` (no whitespace, so text equality is token equality here).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from harness import make_request
+
+from vllm_continuum_plugin.implicit_jobs import ImplicitJobIndex, is_implicit_job
+
+BS = 16
+EOS = 2
+
+
+def hashes(tokens: list[int]) -> list:
+    return list(make_request(tokens, block_size=BS).block_hashes)
+
+
+def decode(ids) -> str:
+    return "".join(f"<{i}>" for i in ids)
+
+
+class Turn(list):
+    """A finished turn's tokens (prompt + reply + stop token)."""
+
+    def __init__(self, prompt: list[int], reply: list[int]) -> None:
+        super().__init__(prompt + reply + [EOS])
+        self.num_prompt = len(prompt)
+
+
+def turn(system: list[int], user: list[int], reply: list[int]) -> Turn:
+    return Turn(system + user, reply)
+
+
+def match(idx: ImplicitJobIndex, prompt: list[int]) -> str | None:
+    return idx.match(hashes(prompt), prompt, decode)
+
+
+def index(**kw) -> ImplicitJobIndex:
+    return ImplicitJobIndex(block_size=BS, **{"max_entries": 64, "max_blocks": 4096, **kw})
+
+
+SYSTEM = list(range(10, 10 + 70))  # a shared system prompt + task: 4+ blocks
+
+
+def try_register(idx: ImplicitJobIndex, tokens: Turn, job: str) -> bool:
+    return idx.register(job, hashes(tokens), tokens, tokens.num_prompt, decode, stop_token_ids={EOS})
+
+
+def register(idx: ImplicitJobIndex, tokens: Turn, job: str | None = None) -> str:
+    job = job or idx.new_job_id()
+    assert try_register(idx, tokens, job)
+    return job
+
+
+def test_next_turn_is_found_and_takes_the_entry_over():
+    idx = index()
+    first = turn(SYSTEM, [500, 501], [600, 601, 602])
+    job = register(idx, first)
+    assert is_implicit_job(job)
+    # The template re-renders the stop token and adds its own tokens, then
+    # the tool output and the next generation prompt.
+    nxt = first + [3, 700, 701, 702, 4]
+    assert match(idx, nxt) == job
+    assert match(idx, nxt) is None  # consumed: a branch gets stock behaviour
+    assert len(idx) == 0 and idx.num_blocks == 0
+
+
+def test_jobs_sharing_a_system_prompt_and_task_are_never_confused():
+    idx = index()
+    a = register(idx, turn(SYSTEM, [500], [600, 601]))
+    b = register(idx, turn(SYSTEM, [500], [650, 651]))  # same prompt, other reply
+    # A prompt that shares the system prompt and task but neither reply.
+    other = SYSTEM + [500, 999, 998, 997]
+    assert match(idx, other) is None
+    nxt_b = turn(SYSTEM, [500], [650, 651]) + [3, 800]
+    assert match(idx, nxt_b) == b
+    nxt_a = turn(SYSTEM, [500], [600, 601]) + [3, 800]
+    assert match(idx, nxt_a) == a
+
+
+def test_the_match_covers_the_reply_even_inside_a_partial_block():
+    idx = index()
+    first = Turn(SYSTEM[:60], [600, 601, 602])  # the reply straddles a block boundary
+    register(idx, first)
+    edited = SYSTEM[:60] + [600, 601, 666, 3, 800]  # reply edited in the history
+    assert match(idx, edited) is None
+    assert len(idx) == 1  # a failed match leaves the entry
+
+
+def test_a_resend_of_the_same_prompt_is_not_a_continuation():
+    idx = index()
+    first = turn(SYSTEM, [500], [600, 601])
+    register(idx, first)
+    prompt_only = first[:-1]  # the same turn's tokens, nothing new after the reply
+    assert match(idx, prompt_only) is None
+
+
+def test_two_jobs_with_identical_turns_cannot_be_told_apart_so_neither_is_kept():
+    idx = index()
+    same = turn(SYSTEM, [500], [600])
+    register(idx, same)
+    assert not try_register(idx, same, idx.new_job_id())
+    nxt = same + [3, 800]
+    assert match(idx, nxt) is None
+    assert len(idx) == 0 and idx.num_blocks == 0
+
+
+def test_a_job_keeps_one_entry_and_forget_drops_it():
+    idx = index()
+    first = turn(SYSTEM, [500], [600])
+    job = register(idx, first)
+    second = Turn(first + [3, 800, 801, 802], [600, 610])
+    register(idx, second, job)  # the job's next turn replaces its entry
+    assert len(idx) == 1
+    assert match(idx, first + [3, 9]) is None  # the old turn is gone
+    idx.forget(job)
+    assert len(idx) == 0 and idx.num_blocks == 0
+    idx.forget(job)  # forgetting twice is harmless
+
+
+def test_a_reply_re_tokenised_differently_still_matches_by_its_text():
+    # The model sampled "<6><0>" where the template's re-rendering gives
+    # "<60>" -- here: the same text split into other tokens.
+    idx = index()
+    job = register(idx, turn(SYSTEM, [500], [600, 601]))
+    text_decode = lambda ids: "".join(str(i) for i in ids)  # "6","01" == "60","1"
+    idx2 = index()
+    t = turn(SYSTEM, [500], [6, 1, 601])
+    assert idx2.register("j", hashes(t), t, t.num_prompt, text_decode, stop_token_ids={EOS})
+    nxt = SYSTEM + [500] + [61, 601] + [3, 800]
+    assert idx2.match(hashes(nxt), nxt, text_decode) == "j"
+    assert match(idx, SYSTEM + [500, 600, 601, 3, 9]) == job
+
+
+def test_many_jobs_with_the_same_first_prompt_keep_a_bounded_candidate_list():
+    idx = index()
+    jobs = [register(idx, turn(SYSTEM, [500], [600 + i])) for i in range(12)]
+    assert len(idx) == 8  # MAX_CANDIDATES per key: the oldest went first
+    for i, job in enumerate(jobs):
+        nxt = SYSTEM + [500, 600 + i, 3, 800]
+        assert match(idx, nxt) == (job if i >= 4 else None)
+
+
+def test_turns_without_a_full_block_are_not_registered():
+    idx = index()
+    assert not idx.register("j", [], [5, 6, EOS], 2, decode, stop_token_ids={EOS})
+    assert len(idx) == 0
+
+
+@pytest.mark.parametrize("bound", ["max_entries", "max_blocks"])
+def test_memory_is_bounded_and_the_oldest_entries_go_first(bound):
+    idx = index(**({"max_entries": 3} if bound == "max_entries" else {"max_blocks": 12}))
+    jobs, turns = [], []
+    for i in range(6):
+        t = turn(SYSTEM + [500 + i] * 9, [], [600 + i])  # 4 full blocks each, its own key
+        turns.append(t)
+        jobs.append(register(idx, t))
+        assert len(idx) <= 3 and idx.num_blocks <= 12
+    for i, t in enumerate(turns):
+        nxt = t + [3, 800]
+        assert match(idx, nxt) == (jobs[i] if i >= 3 else None)
+
+
+def test_random_traffic_keeps_the_counts_exact():
+    rng = random.Random(0)
+    idx = index(max_entries=20, max_blocks=200)
+    live: dict[str, list[int]] = {}
+    for _ in range(2000):
+        op = rng.random()
+        if op < 0.5 or not live:
+            t = turn(SYSTEM[: rng.randrange(0, 70)], [rng.randrange(500, 510)], [rng.randrange(600, 700)] * rng.randrange(1, 40))
+            job = rng.choice(list(live)) if live and rng.random() < 0.3 else idx.new_job_id()
+            if try_register(idx, t, job):
+                live[job] = t
+            else:
+                live.pop(job, None)
+        elif op < 0.8:
+            job = rng.choice(list(live))
+            t = live[job] + [3, rng.randrange(800, 900)]
+            found = match(idx, t)
+            if found is not None:
+                live.pop(found, None)
+        else:
+            job = rng.choice(list(live))
+            idx.forget(job)
+            live.pop(job)
+        # Entries dropped by the bounds are no longer matchable; the table's
+        # own accounting is exact whatever happened.
+        entries = list(idx._turns.values())
+        assert len(entries) <= 20 and idx.num_blocks <= 200
+        assert idx.num_blocks == sum(len(e.block_hashes) for e in entries)
+        counted: dict = {}
+        for e in entries:
+            for h in e.block_hashes:
+                counted[h] = counted.get(h, 0) + 1
+        assert counted == idx._known
+        assert sum(len(v) for v in idx._by_key.values()) == len(entries)
+        live = {j: t for j, t in live.items() if j in idx._turns}

@@ -1,0 +1,227 @@
+"""Implicit jobs: recognise an agent's next turn without a job id.
+
+An agent re-sends its whole conversation every turn, so the next turn's
+prompt starts with the previous turn's prompt *and reply*. When an untagged
+turn finishes with a tool call, the scheduler registers it here under a job
+id of its own; a later untagged request whose prompt continues it is that
+job's next turn (it takes the pin over, job ordering and tool-time
+measurement apply), exactly as if the client had sent the job id.
+
+How a continuation is found:
+
+* **The prompt, by vLLM's own block hashes.** A registered turn is keyed by
+  the hash of its prompt's last full block (a block's hash covers every
+  token before it, so equal hashes mean equal prefixes). Every block hash of
+  every registered prompt is counted in ``_known``; that set is closed under
+  prefixes, so for a new prompt "block ``i`` is known" holds for
+  ``i = 0..L`` and for no later block, and a binary search finds ``L`` in
+  O(log n) set lookups -- never a scan over tokens or jobs.
+* **The reply, by its text.** The chat template re-renders the reply in the
+  next prompt, and the re-rendered tokens need not be the tokens the model
+  sampled (constrained decoding and tool parsers produce non-canonical
+  tokenisations; tool-call JSON is re-serialised). So the turn keeps a digest
+  of its text from the key block's end to the end of the reply, whitespace
+  removed; the candidate continues the turn when the new prompt's text from
+  the same position starts with that text. The match therefore covers the
+  whole reply: two jobs that share a system prompt and task but not a reply
+  are never confused. At most ``MAX_CANDIDATES`` turns share one key, so a
+  match decodes one bounded window and compares a few digests.
+
+A match consumes the entry (the job has moved on): a second request that
+continues the same turn (a branch, a retry, the same prompt sent twice) finds
+nothing and is served as stock vLLM would serve it.
+
+Invariants: at most ``max_entries`` registered turns and at most
+``max_blocks`` block hashes counted (least recently registered go first);
+``_known`` holds exactly the multiset of the live entries' block hashes;
+every job has at most one entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["IMPLICIT_JOB_PREFIX", "ImplicitJobIndex", "ImplicitTurn", "is_implicit_job"]
+
+# Implicit job ids start with a control character, which client job ids may
+# not contain (``metadata.parse_job_id``): no client can name one.
+IMPLICIT_JOB_PREFIX = "\x00implicit-"
+# Turns registered under one key (e.g. many jobs with the same first prompt);
+# the oldest goes first. Bounds the work of a match.
+MAX_CANDIDATES = 8
+# A reply longer than this (from the key block on) is not registered: the
+# match would have to decode it all.
+MAX_SEGMENT_TOKENS = 8192
+# Extra tokens decoded past a candidate's own length: re-rendering may
+# tokenise the same text into more tokens.
+_DECODE_SLACK_TOKENS = 64
+
+Decode = Callable[[Sequence[int]], str]
+
+
+def is_implicit_job(job_id: str | None) -> bool:
+    return job_id is not None and job_id.startswith(IMPLICIT_JOB_PREFIX)
+
+
+def _normalise(text: str) -> str:
+    # Templates re-render whitespace (JSON separators, newlines) their own way.
+    return "".join(text.split())
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class ImplicitTurn:
+    """A finished turn that a later prompt may continue."""
+
+    job_id: str
+    # vLLM's hashes of the turn's full prompt blocks.
+    block_hashes: tuple[Any, ...]
+    # Tokens from the last full prompt block to the end of the reply.
+    segment_tokens: int
+    # Length and digest of that segment's text, whitespace removed.
+    text_len: int
+    text_digest: bytes
+
+
+class ImplicitJobIndex:
+    """Registered turns of implicit jobs, found again by prefix (module doc)."""
+
+    def __init__(self, block_size: int, max_entries: int, max_blocks: int) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size!r}")
+        if max_entries < 0 or max_blocks < 0:
+            raise ValueError(f"max_entries and max_blocks must be >= 0, got {max_entries!r}, {max_blocks!r}")
+        self.block_size = block_size
+        self.max_entries = max_entries
+        self.max_blocks = max_blocks
+        # job id -> turn, least recently registered first.
+        self._turns: OrderedDict[str, ImplicitTurn] = OrderedDict()
+        # key (last full prompt block's hash) -> job ids registered under it.
+        self._by_key: dict[Any, list[str]] = {}
+        # block hash -> number of live entries whose prompt contains it.
+        self._known: dict[Any, int] = {}
+        self._num_blocks = 0
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    @property
+    def num_blocks(self) -> int:
+        """Block hashes counted over all live entries (bounded by ``max_blocks``)."""
+        return self._num_blocks
+
+    def new_job_id(self) -> str:
+        return f"{IMPLICIT_JOB_PREFIX}{next(self._ids)}"
+
+    # -- registering ------------------------------------------------------
+    def register(
+        self,
+        job_id: str,
+        block_hashes: Sequence[Any],
+        token_ids: Sequence[int],
+        num_prompt_tokens: int,
+        decode: Decode,
+        stop_token_ids: Collection[int] = (),
+    ) -> bool:
+        """Register ``job_id``'s finished turn: all its tokens (prompt, then
+        reply), how many are prompt, and vLLM's hashes of its full blocks.
+        Replaces the job's previous entry. Returns False when the turn cannot
+        be found again (no full prompt block, an over-long reply) or does not
+        fit the bounds."""
+        self.forget(job_id)
+        end = len(token_ids)
+        while end > num_prompt_tokens and token_ids[end - 1] in stop_token_ids:
+            end -= 1
+        num_full = min(num_prompt_tokens // self.block_size, len(block_hashes))
+        start = num_full * self.block_size
+        if num_full == 0 or num_full > self.max_blocks or self.max_entries == 0:
+            return False
+        if end - start > MAX_SEGMENT_TOKENS or end <= num_prompt_tokens:
+            return False
+        text = _normalise(decode(token_ids[start:end]))
+        turn = ImplicitTurn(job_id, tuple(block_hashes[:num_full]), end - start, len(text), _digest(text))
+        key = turn.block_hashes[-1]
+        same_key = self._by_key.get(key, [])
+        twins = [j for j in same_key if self._turns[j].text_digest == turn.text_digest]
+        if twins:
+            # Another job's turn has the same prompt and reply: neither can
+            # be told from the other, so neither is kept.
+            for twin in twins:
+                self.forget(twin)
+            return False
+        if len(same_key) >= MAX_CANDIDATES:
+            self.forget(same_key[0])
+        while len(self._turns) >= self.max_entries or self._num_blocks + num_full > self.max_blocks:
+            self.forget(next(iter(self._turns)))
+        self._turns[job_id] = turn
+        self._by_key.setdefault(key, []).append(job_id)
+        for block_hash in turn.block_hashes:
+            self._known[block_hash] = self._known.get(block_hash, 0) + 1
+        self._num_blocks += num_full
+        return True
+
+    def forget(self, job_id: str) -> None:
+        """Drop ``job_id``'s entry (its job ended or moved on), if it has one."""
+        turn = self._turns.pop(job_id, None)
+        if turn is None:
+            return
+        key = turn.block_hashes[-1]
+        same_key = self._by_key[key]
+        same_key.remove(job_id)
+        if not same_key:
+            del self._by_key[key]
+        for block_hash in turn.block_hashes:
+            count = self._known[block_hash] - 1
+            if count:
+                self._known[block_hash] = count
+            else:
+                del self._known[block_hash]
+        self._num_blocks -= len(turn.block_hashes)
+
+    # -- finding ----------------------------------------------------------
+    def _longest_known_prefix(self, block_hashes: Sequence[Any]) -> int:
+        """Number of leading blocks of ``block_hashes`` that are known
+        (binary search: knowledge is closed under prefixes)."""
+        lo, hi = 0, len(block_hashes)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if block_hashes[mid - 1] in self._known:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def match(self, block_hashes: Sequence[Any], prompt_token_ids: Sequence[int], decode: Decode) -> str | None:
+        """The job whose registered turn this prompt continues, or None.
+
+        A match consumes the entry: the job's next turn has arrived.
+        """
+        if not self._turns:
+            return None
+        known = self._longest_known_prefix(block_hashes)
+        if known == 0:
+            return None
+        candidates = [
+            self._turns[j] for j in self._by_key.get(block_hashes[known - 1], ())
+            if len(self._turns[j].block_hashes) == known
+        ]
+        if not candidates:
+            return None
+        start = known * self.block_size
+        window = max(c.segment_tokens for c in candidates) + _DECODE_SLACK_TOKENS
+        text = _normalise(decode(prompt_token_ids[start : start + window]))
+        for turn in reversed(candidates):  # the most recent first
+            # The prompt must go on past the reply: a continuation, not a resend.
+            if len(text) > turn.text_len and _digest(text[: turn.text_len]) == turn.text_digest:
+                self.forget(turn.job_id)
+                return turn.job_id
+        return None
