@@ -11,6 +11,15 @@ Each job re-sends its whole conversation every turn with ``job_id`` and
 command as a client hint; between turns the tool "runs" for the workload's
 tool time and its output grows the context.
 
+``--tool-calls native`` makes every arm's client talk like an unchanged
+agent harness: ``tools=[bash]``, the model's reply a native (Hermes) tool
+call running the turn's command (forced with structured outputs; the last
+turn runs mini-swe-agent's finish command), parsed by the server's
+``--tool-call-parser hermes`` and sent back as ``tool_calls`` plus a
+``tool`` message. Untagged arms (``continuum-untagged``) then send no job
+metadata at all, so one table compares ``fcfs``, ``continuum`` with tagged
+requests and ``continuum`` with untagged ones on the same seeded jobs.
+
 Arms: ``fcfs`` (stock vLLM), ``continuum`` (paper's CDF TTL),
 ``continuum-fixed`` (the released fork's fixed 2 s rule), ``context_serve``,
 ``offload`` (stock scheduling + the plugin's CPU offload connector, 2 GB
@@ -41,6 +50,7 @@ import openai
 import requests
 
 from .dtype import cpu_name, dtype_bytes, serving_dtype
+from .mswea_agents import FINISH, hermes_regex
 from .server import VLLMServer, parse_metrics
 from .stats import format_table, gap_closed, relative_change, summarize
 from .workload import PRESETS, Job, generate_jobs, read_trace
@@ -51,6 +61,17 @@ DEFAULT_MODEL_DIR = os.path.join(
 )
 
 DEFAULT_OFFLOAD_CPU_BYTES = 2_000_000_000
+CHAT_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chatml_tools.jinja")
+# mini-swe-agent's bash tool, as it sends it.
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash", "description": "Execute a bash command",
+        "parameters": {"type": "object", "required": ["command"],
+                       "properties": {"command": {"type": "string", "description": "The bash command to execute"}}},
+    },
+}
+NATIVE_MAX_TOKENS = 128
 
 
 class Arm(NamedTuple):
@@ -63,6 +84,8 @@ class Arm(NamedTuple):
     extra_args: tuple[str, ...] = ()
     oracle: bool = False
     offload: Literal["holds", "lru"] | None = None
+    # False: the client sends no job metadata (needs --tool-calls native).
+    tagged: bool = True
 
 
 def offload_args(cpu_bytes: float, holds: bool = True) -> list[str]:
@@ -86,6 +109,8 @@ ARMS: dict[str, Arm] = {
     # Ablation: Continuum + offload with the store's job holds off (plain LRU).
     "continuum-offload-lru": Arm("continuum", offload="lru"),
     "continuum": Arm("continuum"),
+    # An unchanged agent: no job id, no last-step flag, native tool calls.
+    "continuum-untagged": Arm("continuum", tagged=False),
     "continuum-fixed": Arm("continuum", ("--additional-config", '{"continuum": {"ttl_policy": "fixed"}}')),
     "context_serve": Arm("context_serve"),
     "oracle": Arm("fcfs", oracle=True),
@@ -145,29 +170,46 @@ class ArmResult:
 
 
 class AgentReplayer:
-    """Replays one job's turns against the server (asyncio)."""
+    """Replays one job's turns against the server (asyncio).
 
-    def __init__(self, client: openai.AsyncOpenAI, model: str, system_prompt: str, seed: int) -> None:
+    ``native``: replies are forced native tool calls (see module doc);
+    ``tagged``: requests carry ``job_id`` / ``is_last_step`` / the tool hint.
+    """
+
+    def __init__(self, client: openai.AsyncOpenAI, model: str, system_prompt: str, seed: int,
+                 native: bool = False, tagged: bool = True) -> None:
         self.client = client
         self.model = model
         self.system_prompt = system_prompt
         self.seed = seed
+        self.native = native
+        self.tagged = tagged
 
     async def run(self, job: Job, t0: float) -> JobRecord:
         await asyncio.sleep(max(0.0, t0 + job.arrival_s - time.time()))
         record = JobRecord(job.job_id, job.arrival_s, None, None)
-        messages: list[dict[str, str]] = [{"role": "system", "content": self.system_prompt}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt}]
+        call_id: str | None = None
         try:
             for turn in job.turns:
                 if turn.index == 0:
                     content = synthetic_text(job.job_id, turn.new_tokens, self.seed)
                 else:
                     content = synthetic_text(f"{job.job_id}-out{turn.index}", turn.new_tokens, self.seed)
-                messages.append({"role": "user", "content": content})
+                if call_id is not None:  # the tool's output answers the call
+                    messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+                else:
+                    messages.append({"role": "user", "content": content})
                 last = turn.index == job.num_turns - 1
-                turn_record, reply = await self._turn(job, turn.index, turn.output_tokens, turn.tool_command, messages, last)
+                turn_record, reply, calls = await self._turn(
+                    job, turn.index, turn.output_tokens, turn.tool_command, messages, last)
                 record.turns.append(turn_record)
-                messages.append({"role": "assistant", "content": reply})
+                if calls:
+                    messages.append({"role": "assistant", "content": reply or None, "tool_calls": calls})
+                    call_id = calls[-1]["id"]
+                else:
+                    messages.append({"role": "assistant", "content": reply})
+                    call_id = None
                 if not last:
                     await asyncio.sleep(turn.tool_seconds)
             record.finish_s = time.time() - t0
@@ -177,23 +219,43 @@ class AgentReplayer:
         return record
 
     async def _turn(self, job: Job, index: int, max_tokens: int, tool_command: str,
-                    messages: list[dict[str, str]], last: bool) -> tuple[TurnRecord, str]:
-        extra: dict[str, Any] = {"job_id": job.job_id, "is_last_step": last, "ignore_eos": True}
-        if tool_command:
-            extra["tool_command"] = tool_command
+                    messages: list[dict[str, Any]], last: bool) -> tuple[TurnRecord, str, list[dict[str, Any]]]:
+        extra: dict[str, Any] = {}
+        if self.tagged:
+            extra |= {"job_id": job.job_id, "is_last_step": last}
+            if tool_command:
+                extra["tool_command"] = tool_command
+        kwargs: dict[str, Any] = {}
+        if self.native:
+            command = FINISH if last else (tool_command or "ls")
+            extra["structured_outputs"] = {"regex": hermes_regex(command)}
+            kwargs["tools"] = [BASH_TOOL]
+            max_tokens = NATIVE_MAX_TOKENS
+        else:
+            extra["ignore_eos"] = True
         start = time.time()
         first: float | None = None
         pieces: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
         usage = None
         stream = await self.client.chat.completions.create(
             model=self.model, messages=messages, max_tokens=max_tokens, temperature=0.0,
-            stream=True, stream_options={"include_usage": True}, extra_body=extra,
+            stream=True, stream_options={"include_usage": True}, extra_body=extra, **kwargs,
         )
         async for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
+            delta = chunk.choices[0].delta if chunk.choices else None
+            if delta is not None and (delta.content or delta.tool_calls):
                 if first is None:
                     first = time.time()
-                pieces.append(chunk.choices[0].delta.content)
+                if delta.content:
+                    pieces.append(delta.content)
+                for piece in delta.tool_calls or ():
+                    call = calls.setdefault(piece.index, {"id": "", "type": "function",
+                                                          "function": {"name": "", "arguments": ""}})
+                    call["id"] = piece.id or call["id"]
+                    if piece.function is not None:
+                        call["function"]["name"] += piece.function.name or ""
+                        call["function"]["arguments"] += piece.function.arguments or ""
             if chunk.usage is not None:
                 usage = chunk.usage
         end = time.time()
@@ -204,7 +266,7 @@ class AgentReplayer:
             prompt_tokens=usage.prompt_tokens if usage else 0,
             cached_tokens=(details.cached_tokens or 0) if details else 0,
             output_tokens=usage.completion_tokens if usage else 0,
-        ), "".join(pieces)
+        ), "".join(pieces), [calls[i] for i in sorted(calls)]
 
 
 class KVSampler(threading.Thread):
@@ -239,7 +301,8 @@ def metric_total(metrics: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in metrics.items() if k.startswith(prefix))
 
 
-async def run_jobs(url: str, model: str, jobs: list[Job], seed: int, max_concurrency: int, progress: bool) -> tuple[list[JobRecord], float]:
+async def run_jobs(url: str, model: str, jobs: list[Job], seed: int, max_concurrency: int, progress: bool,
+                   native: bool = False, tagged: bool = True) -> tuple[list[JobRecord], float]:
     import httpx
 
     limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
@@ -248,7 +311,7 @@ async def run_jobs(url: str, model: str, jobs: list[Job], seed: int, max_concurr
         http_client=httpx.AsyncClient(limits=limits, timeout=600),
     )
     system_prompt = synthetic_text("system", jobs[0].system_tokens if jobs else 120, 0)
-    replayer = AgentReplayer(client, model, system_prompt, seed)
+    replayer = AgentReplayer(client, model, system_prompt, seed, native=native, tagged=tagged)
     t0 = time.time() + 0.5
     bar = None
     if progress:
@@ -271,7 +334,7 @@ async def run_jobs(url: str, model: str, jobs: list[Job], seed: int, max_concurr
 
 
 def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str]:
-    policy, extra, oracle, offload = ARMS[arm]
+    policy, extra, oracle, offload, _ = ARMS[arm]
     num_blocks = args.num_blocks
     if oracle:
         # Every job's whole context at once, plus headroom: nothing is evicted.
@@ -289,6 +352,8 @@ def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str
         *(["--enforce-eager"] if args.enforce_eager else []),
         *extra,
         *(offload_args(args.offload_cpu_bytes, holds=offload == "holds") if offload else ()),
+        *(["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", CHAT_TEMPLATE]
+          if args.tool_calls == "native" else ()),
         *args.server_arg,
     ]
 
@@ -318,7 +383,10 @@ def run_arm(args: argparse.Namespace, arm: str, jobs: list[Job], jobs_per_s: flo
         before = parse_metrics(requests.get(url + "/metrics", timeout=10).text)
         sampler = KVSampler(url)
         sampler.start()
-        records, makespan = asyncio.run(run_jobs(url, args.served_name, jobs, args.seed, args.max_concurrency, not args.no_progress))
+        records, makespan = asyncio.run(run_jobs(
+            url, args.served_name, jobs, args.seed, args.max_concurrency, not args.no_progress,
+            native=args.tool_calls == "native", tagged=ARMS[arm].tagged,
+        ))
         sampler.stop()
         time.sleep(0.3)  # the plugin publishes its counters every 0.1 s
         after = parse_metrics(requests.get(url + "/metrics", timeout=10).text)
@@ -526,6 +594,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", default="cpu-small", choices=sorted(PRESETS),
                    help="workload preset (default: cpu-small); see benchmarks/workload.py")
     p.add_argument("--trace", help="replay this trace file (JSON lines) instead of a preset")
+    p.add_argument("--tool-calls", choices=["text", "native"], default="text",
+                   help="text: free replies plus client tool hints; native: every reply is a forced "
+                        "native tool call (tools=[bash], hermes parser), as unchanged agents send "
+                        "(needed by untagged arms)")
     p.add_argument("--jobs", type=int, default=24, help="jobs per arm (default: 24)")
     p.add_argument("--jobs-per-s", default="0.25,1.0",
                    help="comma-separated Poisson arrival rates; one table per rate (default: 0.25,1.0)")
@@ -579,6 +651,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
         print(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}", file=sys.stderr)
+        return 2
+    untagged = [a for a in arms if not ARMS[a].tagged]
+    if untagged and args.tool_calls != "native":
+        print(f"arm(s) {untagged} send no job metadata: their replies must be tool calls "
+              "(--tool-calls native)", file=sys.stderr)
         return 2
     loads = [float(x) for x in args.jobs_per_s.split(",") if x.strip()]
     print(f"CPU: {cpu_name()}; every arm serves in {served_dtype(args)}", flush=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -207,6 +208,18 @@ def run_until_finished(scheduler: Scheduler, requests: Iterable[Request], max_st
         if all(r.is_finished() for r in pending):
             return steps
     raise AssertionError(f"requests did not finish in {max_steps} steps")
+
+
+def wait_for(predicate: Any, timeout: float = 120.0, interval: float = 0.05) -> bool:
+    """Poll until ``predicate()`` holds, at most ``timeout`` seconds (for
+    events a server publishes asynchronously: the plugin's counters come
+    from a thread every 0.1 s, and how soon it runs depends on the machine)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
 
 
 def prompt_of(job: int, length: int) -> list[int]:

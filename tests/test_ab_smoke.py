@@ -37,6 +37,32 @@ def test_two_arm_ab_run_completes_every_job_and_reports(tmp_path, capsys):
     assert f"every arm serves in {serving_dtype()}" in printed
 
 
+def test_native_tool_call_client_compares_tagged_and_untagged_agents(tmp_path, capsys):
+    """--tool-calls native: every reply is a forced Hermes tool call parsed by
+    the server; the untagged arm sends no job metadata at all and is still
+    pinned and handed over (implicit jobs), ending on the finish command."""
+    out = tmp_path / "ab-native"
+    rc = ab_benchmark.main([
+        "--arms", "continuum,continuum-untagged", "--workload", "fixed", "--jobs", "3", "--jobs-per-s", "2",
+        "--model", TINY_MODEL, "--served-name", "tiny", "--num-blocks", "160", "--tool-calls", "native",
+        "--max-model-len", "4096", "--tool-output-scale", "0.25", "--out", str(out), "--no-progress",
+    ])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    data = json.loads((out / "ab_results.json").read_text())
+    summary = {row["arm"]: row for row in data["loads"][0]["summary"]}
+    for arm in data["loads"][0]["arms"]:
+        assert all(j["error"] is None and len(j["turns"]) == 6 for j in arm["jobs"]), arm["arm"]
+    # Untagged: each job's 5 non-final turns were recognised and pinned.
+    assert summary["continuum-untagged"]["pins"] >= 3 * 5 * 2 // 3
+    assert summary["continuum"]["pins"] >= 3 * 5 * 2 // 3
+
+
+def test_untagged_arms_need_native_tool_calls(capsys):
+    assert ab_benchmark.main(["--arms", "continuum-untagged"]) == 2
+    assert "--tool-calls native" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("arm", "hold_seconds"), [("offload", 300.0), ("continuum-offload-lru", 0.0)])
 def test_offload_arms_configure_the_connector_they_name(arm, hold_seconds):
     """The offload arms' --kv-transfer-config is one the connector accepts,

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import openai
 import pytest
+import harness
 from harness import DEFAULT_MODEL
 
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
@@ -60,15 +60,8 @@ def decisions(server, speed, layer):
     return server.metric("vllm_continuum:decisions_total", speed=speed, layer=layer)
 
 
-def wait_for(predicate, timeout: float = WAIT_S) -> bool:
-    """Poll until ``predicate()`` holds (the plugin publishes its counters
-    every 0.1 s from a thread; how soon depends on the machine)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
+def wait_for(predicate) -> bool:
+    return harness.wait_for(predicate, WAIT_S)
 
 
 SYSTEM = {"role": "system", "content": "You are a software agent. Answer with one ```bash block."}

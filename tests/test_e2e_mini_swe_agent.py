@@ -17,10 +17,8 @@ waits for a TTL and no check races the machine's speed.
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from harness import DEFAULT_MODEL
+from harness import DEFAULT_MODEL, wait_for
 
 from vllm_continuum_plugin.benchmarks.mswea_ab import AGENT_VENV, SCRIPT, run_agents, server_args
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
@@ -29,16 +27,6 @@ pytestmark = pytest.mark.e2e
 
 AGENTS = 3
 LONG_TTL_S = 600
-
-
-def wait_for(predicate, timeout: float = 120.0) -> bool:
-    """Poll: the plugin publishes its counters every 0.1 s from a thread."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def test_mini_swe_agent_unchanged_is_pinned_handed_over_and_ended():

@@ -20,6 +20,7 @@ import time
 import openai
 import pytest
 import requests
+import harness
 from harness import DEFAULT_MODEL
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
 
@@ -81,15 +82,8 @@ def kv_usage(server) -> float:
     return server.metric("vllm:kv_cache_usage_perc")
 
 
-def wait_for(predicate, timeout=WAIT_S, interval=0.05):
-    """Poll until ``predicate()`` holds (the plugin publishes its counters
-    every 0.1 s from a thread; how soon it runs depends on the machine)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
+def wait_for(predicate, timeout=WAIT_S):
+    return harness.wait_for(predicate, timeout)
 
 
 def barrier(server, client, name: str) -> None:

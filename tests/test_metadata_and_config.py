@@ -32,6 +32,8 @@ def test_parse_metadata_sources_and_defaults():
 @pytest.mark.parametrize("bad", [
     {"job_id": ["a"]}, {"job_id": ""}, {"job_id": True}, {"job_id": "x" * 300},
     {"job_id": "a", "expected_tool_seconds": -1}, {"job_id": "a", "tool_name": 5},
+    # Control characters are reserved for implicit job ids: no client can name one.
+    {"job_id": "\x00implicit-1"}, {"job_id": "a\nb"},
 ])
 def test_parse_metadata_rejects_malformed_fields(bad):
     with pytest.raises(MetadataError) as info:
@@ -71,7 +73,19 @@ def test_config_precedence_env_then_additional_config():
     ({"default_ttl_s": "soon"}, "default_ttl_s='soon'"),
     ({"cold_start_samples": 2.5}, "cold_start_samples=2.5"),
     ({"no_such_setting": 1}, "unknown continuum setting 'no_such_setting'"),
+    ({"implicit_max_jobs": -1}, "implicit_max_jobs=-1"),
+    ({"finish_actions": ["a|b"]}, "finish_actions=['a|b']"),
+    ({"finish_actions": 3}, "finish_actions=3"),
 ])
 def test_config_errors_name_the_bad_value(section, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(".", r"\.")):
         load_config({"continuum": section}, environ={})
+
+
+def test_finish_actions_from_a_json_list_or_a_string():
+    cfg = load_config({"continuum": {"finish_actions": ["submit", "  echo   DONE "]}}, environ={})
+    assert cfg.finish_action_list == ("submit", "echo DONE")
+    env = {"CONTINUUM_FINISH_ACTIONS": "finish|exit 0", "CONTINUUM_IMPLICIT_JOBS": "false"}
+    cfg = load_config(None, environ=env)
+    assert cfg.finish_action_list == ("finish", "exit 0") and cfg.implicit_jobs is False
+    assert "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in ContinuumConfig().finish_action_list

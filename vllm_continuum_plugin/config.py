@@ -148,7 +148,9 @@ def _coerce(name: str, field_type: Any, raw: Any, source: str) -> Any:
             if not all(isinstance(item, str) and "|" not in item for item in raw):
                 raise ValueError
             return "|".join(raw)
-        return str(raw)
+        if not isinstance(raw, str):
+            raise ValueError
+        return raw
     except (TypeError, ValueError):
         raise ValueError(
             f"continuum setting {name}={raw!r} from {source} is not a valid {kind.__name__}"
