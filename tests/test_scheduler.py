@@ -142,7 +142,7 @@ def test_stop_string_abort_is_treated_as_a_normal_finish():
     # The API server aborts a request whose text hit a stop string; the turn
     # is complete and its KV is worth keeping.
     s = make_scheduler(num_blocks=64)
-    tokenizer = s._get_tokenizer()
+    tokenizer = s._load_tokenizer()
     stop_ids = tokenizer.encode("ls\n```", add_special_tokens=False)
     r = make_request(prompt_of(3, 80), max_tokens=len(stop_ids) + 5, job_id="a", stop=["```"])
     s.add_request(r)

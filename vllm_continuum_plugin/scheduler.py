@@ -26,7 +26,10 @@ block manager and kernels untouched:
 * ``reset_prefix_cache`` / ``shutdown`` -- release every pin first.
 
 The pin lifecycle itself (taking blocks, the cap, expiry, release, soft-pin
-victims) lives in :class:`~.pin_manager.PinManager`; every time the scheduler
+victims) lives in :class:`~.pin_manager.PinManager`, reading replies (decode,
+stop strings, tool calls) in :class:`~.reply_reader.ReplyReader`, finding
+untagged agents' next turns in :class:`~.implicit_jobs.ImplicitJobIndex`;
+every time the scheduler
 reads comes from the :class:`~.clock.Clock` it was constructed with
 (``clock=``, default the system clock), so tests advance time instead of
 sleeping.
@@ -55,14 +58,7 @@ from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, TurnCountCorrelation
 from .decisions import Decider, make_decider
-from .estimators.parser import (
-    NO_TOOL_KEY,
-    ToolCall,
-    extract_tool_call,
-    is_finish_action,
-    split_commands,
-    tool_key_for_command,
-)
+from .estimators.parser import NO_TOOL_KEY, is_finish_action
 from .estimators.prefill import PrefillCostModel
 from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
 from .implicit_jobs import ImplicitJobIndex, is_implicit_job
@@ -71,6 +67,7 @@ from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata
 from .metrics import EngineMetrics
 from .pin_manager import PinManager
 from .registration import PLUGIN_POLICIES
+from .reply_reader import ReplyReader, stop_token_ids
 from .wakeup import ExpiryWaker, find_engine_input_queue
 
 logger = logging.getLogger("vllm.continuum_plugin")
@@ -82,14 +79,11 @@ __all__ = [
     "PLUGIN_POLICIES",
 ]
 
-_NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 # Queue tiers (smaller is served first).
 _TIER_PREEMPTED, _TIER_PINNED_JOB, _TIER_REST = 0, 1, 2
 _META_ATTR = "_continuum_meta"
 _RUN_KEY_ATTR = "_continuum_run_key"
 _JOB_ARRIVAL_ATTR = "_continuum_job_arrival"
-# The tool call sits at the end of a reply: decoding its tail is enough.
-_REPLY_TAIL_TOKENS = 512
 
 
 def _meta(request: Request) -> JobMetadata:
@@ -164,8 +158,7 @@ class ContinuumSchedulerMixin:
         self._running_order_dirty = True
         # request -> (monotonic admission time, tokens to prefill)
         self._prefill_started: dict[str, tuple[float, int]] = {}
-        self._tokenizer: Any = None
-        self._tokenizer_failed = False
+        self.replies = ReplyReader(self._load_tokenizer, cfg.pin_on_stop_string)
         self._waker: ExpiryWaker | None = None
         self._waker_lookup_done = False
 
@@ -274,7 +267,7 @@ class ContinuumSchedulerMixin:
         """An untagged request whose prompt continues a finished implicit-job
         turn is that job's next turn (O(log n) lookups, see implicit_jobs)."""
         assert self.implicit_jobs is not None
-        job_id = self.implicit_jobs.match(request.block_hashes, request.prompt_token_ids, self._decode_tokens)
+        job_id = self.implicit_jobs.match(request.block_hashes, request.prompt_token_ids, self.replies.decode)
         if job_id is None:
             return meta
         self.continuum_metrics.on_implicit_turn("continued")
@@ -402,9 +395,9 @@ class ContinuumSchedulerMixin:
         if job_id is None and self.implicit_jobs is None:
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
-        normal, reply_text = self._finished_normally(request)
+        normal, reply_text = self.replies.finished_normally(request)
         if job_id is None:
-            call = self._tool_call(meta, request, reply_text) if normal else None
+            call = self.replies.tool_call(meta, request, reply_text) if normal else None
             if call is None or is_finish_action(call, self._finish_actions):
                 # Chat traffic, or a one-turn agent: served exactly as stock.
                 super()._free_request_blocks(request)  # type: ignore[misc]
@@ -417,7 +410,7 @@ class ContinuumSchedulerMixin:
             self._end_job(request, meta, normal, "last_step" if meta.is_last_step else None)
             return
         if call is None:
-            call = self._tool_call(meta, request, reply_text)
+            call = self.replies.tool_call(meta, request, reply_text)
         if call is not None and is_finish_action(call, self._finish_actions):
             self._end_job(request, meta, normal, "finish_action")
             return
@@ -501,19 +494,8 @@ class ContinuumSchedulerMixin:
         assert self.implicit_jobs is not None
         self.implicit_jobs.register(
             job_id, request.block_hashes, request.all_token_ids, request.num_prompt_tokens,
-            self._decode_tokens, self._stop_token_ids(request),
+            self.replies.decode, stop_token_ids(request),
         )
-
-    @staticmethod
-    def _stop_token_ids(request: Request) -> frozenset[int]:
-        params = request.sampling_params
-        if params is None:
-            return frozenset()
-        # (The engine adds the model's EOS to all_stop_token_ids.)
-        ids = set(params.all_stop_token_ids)
-        if params.eos_token_id is not None:
-            ids.add(params.eos_token_id)
-        return frozenset(ids)
 
     def _rebuild_seconds(self, request: Request) -> float | None:
         """With an offload connector, rebuilding the context costs a reload
@@ -526,78 +508,13 @@ class ContinuumSchedulerMixin:
         stored = self.offload.stored_prefix_tokens(request)
         return per_token * stored + self.prefill_cost.seconds(max(0, request.num_tokens - stored))
 
-    def _finished_normally(self, request: Request) -> tuple[bool, str | None]:
-        """(finished normally?, decoded reply or None when not decoded)."""
-        if request.status in _NORMAL_FINISH:
-            return True, None
-        if request.status != RequestStatus.FINISHED_ABORTED or not self.continuum_config.pin_on_stop_string:
-            return False, None
-        # The API server detects stop strings and aborts the request, which
-        # the engine cannot tell from a client disconnect: look for the stop
-        # string in the reply itself.
-        stops = request.sampling_params.stop if request.sampling_params is not None else None
-        if not stops or request.num_output_tokens == 0:
-            return False, None
-        text = self._decode_reply(request)
-        if text is None:
-            return False, None
-        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-        if cut < 0:
-            return False, None
-        return True, text[:cut]
+    def _load_tokenizer(self) -> Any:
+        tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
+        if tokenizer is None and not self.vllm_config.model_config.skip_tokenizer_init:
+            from vllm.tokenizers import cached_tokenizer_from_config
 
-    def _tool_call(self, meta: JobMetadata, request: Request, reply_text: str | None) -> ToolCall | None:
-        """The tool the finished turn calls: client hints first, else parsed
-        from the reply (decoded here unless a stop-string check already did)."""
-        if meta.tool_command:
-            return ToolCall(meta.tool_command, tool_key_for_command(meta.tool_command),
-                            tuple(split_commands(meta.tool_command)))
-        if meta.tool_name:
-            return ToolCall(meta.tool_name, meta.tool_name, (meta.tool_name,))
-        if reply_text is None and request.num_output_tokens > 0:
-            reply_text = self._decode_reply(request)
-        return extract_tool_call(reply_text) if reply_text else None
-
-    def _decode_reply(self, request: Request) -> str | None:
-        tokenizer = self._get_tokenizer()
-        if tokenizer is None:
-            return None
-        try:
-            tail = list(request.output_token_ids[-_REPLY_TAIL_TOKENS:])
-            stop = self._stop_token_ids(request)
-            while tail and tail[-1] in stop:
-                tail.pop()
-            # Special tokens kept: many of them delimit tool calls
-            # (<tool_call>, [TOOL_CALLS], <|call|>, <|python_tag|>).
-            return tokenizer.decode(tail, skip_special_tokens=False)
-        except Exception:  # a tokenizer bug must not take the engine down
-            logger.debug("continuum: could not decode reply of %s", request.request_id, exc_info=True)
-            return None
-
-    def _decode_tokens(self, token_ids: Any) -> str:
-        """Text of ``token_ids`` with special tokens kept ("" when there is
-        no tokenizer: implicit jobs then never match)."""
-        tokenizer = self._get_tokenizer()
-        if tokenizer is None:
-            return ""
-        try:
-            return tokenizer.decode(list(token_ids), skip_special_tokens=False)
-        except Exception:  # a tokenizer bug must not take the engine down
-            logger.debug("continuum: could not decode %d tokens", len(token_ids), exc_info=True)
-            return ""
-
-    def _get_tokenizer(self) -> Any:
-        if self._tokenizer is None and not self._tokenizer_failed:
-            self._tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
-            if self._tokenizer is None and not self.vllm_config.model_config.skip_tokenizer_init:
-                try:
-                    from vllm.tokenizers import cached_tokenizer_from_config
-
-                    self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
-                except Exception:
-                    logger.warning("vllm-continuum-plugin: no tokenizer; tool calls will not be parsed")
-            self._tokenizer_failed = self._tokenizer is None
-        return self._tokenizer
+            tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
+        return tokenizer
 
     def release_expired_pins(self) -> int:
         """Release every pin past its deadline (see ``PinManager.release_expired``)."""
