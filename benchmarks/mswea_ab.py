@@ -41,9 +41,10 @@ AGENT_VENV = Path(os.environ.get("CONTINUUM_AGENT_VENV", os.path.expanduser("~/.
 SCRIPT = ["ls", "cat README.md", "git status", "cat main.py", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
 
 
-def server_args(policy: str, num_blocks: int, ttl_s: float) -> list[str]:
+def server_args(policy: str, num_blocks: int, ttl_s: float, max_pinned_fraction: float = 0.5) -> list[str]:
     """``vllm serve`` flags of one arm: only the policy differs between arms."""
-    config = {"continuum": {"default_ttl_s": ttl_s, "max_ttl_s": max(60.0, ttl_s)}}
+    config = {"continuum": {"default_ttl_s": ttl_s, "max_ttl_s": max(60.0, ttl_s),
+                            "max_pinned_fraction": max_pinned_fraction}}
     return [
         "--scheduling-policy", policy, "--block-size", "32", "--num-gpu-blocks-override", str(num_blocks),
         "--kv-cache-memory-bytes", "400000000", "--max-model-len", "2048", "--max-num-seqs", "8",
