@@ -22,7 +22,7 @@ import logging
 import os
 import platform
 
-__all__ = ["DTYPE_ENV", "cpu_has_native_bf16", "cpu_name", "dtype_bytes", "serving_dtype", "torch_dtype"]
+__all__ = ["DTYPE_ENV", "cpu_has_native_bf16", "cpu_name", "dtype_bytes", "serving_dtype"]
 
 logger = logging.getLogger("vllm.continuum_plugin.dtype")
 
@@ -109,13 +109,3 @@ def serving_dtype() -> str:
 def dtype_bytes(name: str) -> int:
     """Bytes per element of ``name`` (``auto``: the checkpoints' bf16)."""
     return {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}[_normalise(name)]
-
-
-def torch_dtype(name: str | None = None):  # -> torch.dtype
-    """The torch dtype for ``name`` (default: :func:`serving_dtype`); ``auto``
-    means the checkpoint's own, which this project writes as bf16."""
-    import torch
-
-    name = serving_dtype() if name is None else _normalise(name)
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
-            "auto": torch.bfloat16}[name]

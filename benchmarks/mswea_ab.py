@@ -26,6 +26,7 @@ from typing import Any
 
 import openai
 
+from .demo import flood
 from .dtype import cpu_name, serving_dtype
 from .server import VLLMServer
 from .stats import format_table
@@ -54,16 +55,6 @@ def server_args(policy: str, num_blocks: int, ttl_s: float, max_pinned_fraction:
     ]
 
 
-def flood(url: str, model: str, stop: threading.Event) -> None:
-    """Unrelated one-shot traffic (~600-token prompts) recycling the pool."""
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-    filler = "Summarize this log line: worker restarted after timeout. " * 60
-    sent = 0
-    while not stop.is_set():
-        client.completions.create(model=model, prompt=f"{sent} {filler}", max_tokens=2)
-        sent += 1
-
-
 def run_agents(url: str, agents: int, script: list[str] = SCRIPT, with_flood: bool = False,
                model: str = "smollm2", agent_venv: Path = AGENT_VENV) -> list[dict[str, Any]]:
     """Run ``agents`` mini-swe-agent agents against ``url``; their results."""
@@ -71,7 +62,9 @@ def run_agents(url: str, agents: int, script: list[str] = SCRIPT, with_flood: bo
     if not python.exists():
         raise FileNotFoundError(f"mini-swe-agent venv missing at {agent_venv}: run scripts/setup.sh")
     stop = threading.Event()
-    flooder = threading.Thread(target=flood, args=(url, model, stop), daemon=True)
+    # The demo's flood: unrelated ~600-token one-shot prompts, back to back.
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    flooder = threading.Thread(target=flood, args=(client, model, stop), daemon=True)
     if with_flood:
         flooder.start()
     try:

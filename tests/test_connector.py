@@ -26,7 +26,7 @@ import torch
 from harness import DEFAULT_MODEL, ENGINE_DTYPE, TINY_MODEL
 
 from vllm_continuum_plugin.connectors import CONNECTOR_MODULE as MODULE
-from vllm_continuum_plugin.benchmarks.dtype import torch_dtype
+from vllm_continuum_plugin.benchmarks.dtype import dtype_bytes
 from vllm_continuum_plugin.connectors import cpu_store, kv_offload, lmcache_store, offload_metrics
 
 CPUStore = cpu_store.CPUStore
@@ -736,7 +736,7 @@ def _block_bytes(model_dir: str) -> int:
         c = json.load(f)
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     layers = c["num_hidden_layers"]
-    element = torch_dtype(ENGINE_DTYPE).itemsize
+    element = dtype_bytes(ENGINE_DTYPE)
     return layers * (2 * 32 * c["num_key_value_heads"] * head_dim * element + 16)
 
 

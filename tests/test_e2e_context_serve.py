@@ -17,15 +17,13 @@ import os
 
 import openai
 import pytest
-import harness
-from harness import DEFAULT_MODEL
+from harness import DEFAULT_MODEL, wait_for
 
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
 
 pytestmark = pytest.mark.e2e
 
 LONG_TTL_S = 600  # the FAST rule's TTL: longer than any machine needs for a round trip
-WAIT_S = 120  # bound on waiting for a counter the engine will publish
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +57,6 @@ def turn(client, job, messages, reply_regex, last=False):
 def decisions(server, speed, layer):
     return server.metric("vllm_continuum:decisions_total", speed=speed, layer=layer)
 
-
-def wait_for(predicate) -> bool:
-    return harness.wait_for(predicate, WAIT_S)
 
 
 SYSTEM = {"role": "system", "content": "You are a software agent. Answer with one ```bash block."}

@@ -7,7 +7,7 @@ No check races a TTL against the machine's speed. The server's cold-start
 TTL is ``LONG_TTL_S``, longer than any workload here takes on a slow machine,
 and every job that is not ended by a last step asks for a short TTL with its
 own ``expected_tool_seconds``; checks that a pin lapsed wait for the TTL
-counter (bounded by ``WAIT_S``), and checks that something did *not* happen
+counter (bounded by ``harness.wait_for``'s 120 s), and checks that something did *not* happen
 first wait for a later event that is published after it (a barrier).
 """
 
@@ -20,8 +20,7 @@ import time
 import openai
 import pytest
 import requests
-import harness
-from harness import DEFAULT_MODEL
+from harness import DEFAULT_MODEL, wait_for
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +28,6 @@ pytestmark = pytest.mark.e2e
 NUM_BLOCKS = 96
 LONG_TTL_S = 600  # cold-start TTL: outlives the flood test on any machine
 SHORT_TOOL_S = 0.3  # a job's own estimate -> a TTL of 0.41 s (lapses in the tests that want it)
-WAIT_S = 120  # bound on waiting for an event the server will publish
 BLOCK = 32
 BASH_REGEX = r"```bash\n(ls|cat main\.py|git status)\n```"
 
@@ -81,9 +79,6 @@ def chat(client, messages, job_id, last, max_tokens=24, **extra):
 def kv_usage(server) -> float:
     return server.metric("vllm:kv_cache_usage_perc")
 
-
-def wait_for(predicate, timeout=WAIT_S):
-    return harness.wait_for(predicate, timeout)
 
 
 def barrier(server, client, name: str) -> None:

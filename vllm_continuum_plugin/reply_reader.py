@@ -78,10 +78,9 @@ class ReplyReader:
             logger.debug("continuum: could not decode %d tokens", len(token_ids), exc_info=True)
             return ""
 
-    def reply_text(self, request: Request) -> str | None:
-        """The end of ``request``'s reply, trailing stop tokens dropped."""
-        if self._get_tokenizer() is None:
-            return None
+    def reply_text(self, request: Request) -> str:
+        """The end of ``request``'s reply, trailing stop tokens dropped
+        ("" without a tokenizer)."""
         tail = list(request.output_token_ids[-REPLY_TAIL_TOKENS:])
         stop = stop_token_ids(request)
         while tail and tail[-1] in stop:
@@ -101,8 +100,6 @@ class ReplyReader:
         if not stops or request.num_output_tokens == 0:
             return False, None
         text = self.reply_text(request)
-        if text is None:
-            return False, None
         cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
         if cut < 0:
             return False, None

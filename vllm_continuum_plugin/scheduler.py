@@ -84,6 +84,11 @@ _TIER_PREEMPTED, _TIER_PINNED_JOB, _TIER_REST = 0, 1, 2
 _META_ATTR = "_continuum_meta"
 _RUN_KEY_ATTR = "_continuum_run_key"
 _JOB_ARRIVAL_ATTR = "_continuum_job_arrival"
+# Release reason of a job's remaining pin when its turn ends it (by how the
+# end was known; None: the turn was aborted).
+_RELEASE_REASON_AT_END = {
+    None: "abort", "last_step": "last_step", "finish_action": "finish_action", "final_answer": "last_step",
+}
 
 
 def _meta(request: Request) -> JobMetadata:
@@ -396,21 +401,18 @@ class ContinuumSchedulerMixin:
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         normal, reply_text = self.replies.finished_normally(request)
+        # The reply is read once, and only when the turn may go on.
+        call = self.replies.tool_call(meta, request, reply_text) if normal and not meta.is_last_step else None
         if job_id is None:
-            call = self.replies.tool_call(meta, request, reply_text) if normal else None
             if call is None or is_finish_action(call, self._finish_actions):
                 # Chat traffic, or a one-turn agent: served exactly as stock.
                 super()._free_request_blocks(request)  # type: ignore[misc]
                 return
             job_id = self._start_implicit_job(request, meta)
             meta = _meta(request)
-        else:
-            call = None
         if meta.is_last_step or not normal:
             self._end_job(request, meta, normal, "last_step" if meta.is_last_step else None)
             return
-        if call is None:
-            call = self.replies.tool_call(meta, request, reply_text)
         if call is not None and is_finish_action(call, self._finish_actions):
             self._end_job(request, meta, normal, "finish_action")
             return
@@ -470,7 +472,7 @@ class ContinuumSchedulerMixin:
         if self.implicit_jobs is not None:
             # An aborted implicit turn is not retried by prefix: its job ends too.
             self.implicit_jobs.forget(job_id)
-        self.pins.release(job_id, "abort" if last is None else "finish_action" if last == "finish_action" else "last_step")
+        self.pins.release(job_id, _RELEASE_REASON_AT_END[last])
         if self.offload is not None:
             # Nobody reloads a finished job's context: its stored blocks go
             # first. (An aborted turn may be retried: keep them.)
