@@ -590,7 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--arms", default="fcfs,continuum,continuum-fixed,oracle",
                    help=f"comma-separated arms, the first is the baseline; known: {', '.join(ARMS)} "
-                        "(default: fcfs,continuum,continuum-fixed,oracle)")
+                        "(default: fcfs,continuum,continuum-fixed,oracle); an arm named twice runs twice, "
+                        "which shows the machine's drift between arms")
     p.add_argument("--workload", default="cpu-small", choices=sorted(PRESETS),
                    help="workload preset (default: cpu-small); see benchmarks/workload.py")
     p.add_argument("--trace", help="replay this trace file (JSON lines) instead of a preset")
@@ -669,10 +670,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load {load} jobs/s: {len(jobs)} jobs, {sum(j.num_turns for j in jobs)} turns, "
               f"arms {', '.join(arms)}", flush=True)
         results = []
-        for arm in arms:
+        for i, arm in enumerate(arms):
             t = time.time()
-            results.append(run_arm(args, arm, jobs, load))
-            print(f"  [{arm}] done in {time.time() - t:.0f}s", flush=True)
+            result = run_arm(args, arm, jobs, load)
+            # An arm named twice (e.g. ``fcfs,continuum,fcfs``) measures the
+            # machine's drift over the run; its rows are told apart as arm#2.
+            if arm in arms[:i]:
+                result.arm = f"{arm}#{arms[:i].count(arm) + 1}"
+            results.append(result)
+            print(f"  [{result.arm}] done in {time.time() - t:.0f}s", flush=True)
         all_results.append(results)
         summaries.append(print_report(results))
     write_outputs(args.out, all_results, summaries, args)

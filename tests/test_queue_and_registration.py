@@ -70,6 +70,22 @@ def test_pin_table_deadlines_lateness_and_single_release():
     assert t.num_pinned_blocks == 2 and t.next_deadline() == 5.0
 
 
+def test_pin_table_counts_shared_blocks_once():
+    t = PinTable()
+    shared = [object() for _ in range(3)]
+    own_a, own_b = object(), object()
+    t.add(Pin("a", "a", [shared + [own_a]], 1.0, 0.0, 9.0, 9.0, "ls"))
+    b = Pin("b", "b", [shared + [own_b]], 2.0, 0.0, 9.0, 9.0, "ls")
+    assert t.new_blocks(b.blocks_by_group) == 1
+    t.add(b)
+    assert t.num_pinned_blocks == 5 and t.exclusive_blocks(b) == 1
+    assert t.is_held(shared[0]) and not t.is_held(object())
+    t.pop("a")
+    assert t.num_pinned_blocks == 4 and t.exclusive_blocks(b) == 4
+    t.pop("b")
+    assert t.num_pinned_blocks == 0
+
+
 def test_cli_accepts_plugin_policies_and_lists_them_in_help():
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser

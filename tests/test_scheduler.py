@@ -394,3 +394,55 @@ def test_new_job_waits_instead_of_evicting_an_older_jobs_pin():
     run_until_finished(s, [r2, runner, newcomer], max_steps=3000)
     assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] == 1
     assert_all_blocks_free(s)
+
+
+def _shared_prefix_turn(scheduler, job: str, system: list[int], own: int, extra: list[int] = ()):
+    prompt = system + prompt_of(600 + int(job[3:]), own) + list(extra)
+    request = make_request(prompt, max_tokens=4, job_id=job, is_last_step=False)
+    scheduler.add_request(request)
+    run_until_finished(scheduler, [request])
+    return prompt, request
+
+
+def test_shared_system_prompt_counts_once_under_the_pin_cap():
+    # Six jobs of one harness share a 160-token (10-block) system prompt and
+    # add 2 blocks each. Counted per pin (12 blocks each), a 20-block cap
+    # would admit one whole pin; counted once, it admits 10 + 5 x 2.
+    s = make_scheduler(num_blocks=41, continuum={"max_pinned_fraction": 0.5, "default_ttl_s": 60})
+    assert s.max_pinned_blocks == 20
+    system = prompt_of(500, 160)
+    turns = {}
+    for i in range(5):
+        turns[f"job{i}"] = _shared_prefix_turn(s, f"job{i}", system, own=40)
+        assert s.pins.get(f"job{i}").num_blocks == 12  # (160 + 40 + 4 - 1) // 16, nothing trimmed
+    assert len(s.pins) == 5 and s.pins.num_pinned_blocks == 10 + 5 * 2 == s.max_pinned_blocks
+    snap = s.continuum_metrics.snapshot()
+    assert snap["pinned_blocks"] == 20 and snap["pin_blocks_trimmed"] == 0
+    assert snap["pins_released"]["cap"] == snap["pins_released"]["pressure"] == 0
+
+    # A sixth job finds the cap reached: it keeps the shared prefix (free:
+    # other pins hold it) and loses its own tail, nobody else's pin goes.
+    _shared_prefix_turn(s, "job5", system, own=40)
+    assert s.pins.get("job5").num_blocks == 10 and s.pins.num_pinned_blocks == 20
+    assert s.continuum_metrics.snapshot()["pin_blocks_trimmed"] == 2
+
+    # The oldest job's next turn needs 5 blocks of its own: the latest jobs'
+    # pins make room (reason "cap", not "pressure"); the shared prefix stays.
+    prompt, first = turns["job0"]
+    r2 = make_request(next_turn_prompt(prompt, first, extra=44), max_tokens=4, job_id="job0", is_last_step=False)
+    s.add_request(r2)
+    run_until_finished(s, [r2])
+    snap = s.continuum_metrics.snapshot()
+    assert s.pins.get("job0").num_blocks == 15 and "job1" in s.pins and "job2" in s.pins
+    assert "job5" not in s.pins and "job4" not in s.pins
+    assert snap["pins_released"]["cap"] >= 2 and snap["pins_released"]["pressure"] == 0
+    assert s.pins.num_pinned_blocks <= s.max_pinned_blocks
+    assert snap["pinned_blocks"] == s.pins.num_pinned_blocks
+    # A job whose pin went by the cap still finds the shared prefix cached.
+    r5 = make_request(system + prompt_of(605, 40) + [5, 5], job_id="job5", is_last_step=True)
+    s.add_request(r5)
+    assert admitted_cached_tokens(step(s), r5) >= len(system)
+    run_until_finished(s, [r5])
+    s.clock.advance(61)
+    step(s)
+    assert_all_blocks_free(s)

@@ -34,7 +34,11 @@ __all__ = [
 
 METRICS_DIR_ENV = "_CONTINUUM_PLUGIN_METRICS_DIR"
 PREFIX = "vllm_continuum:"
-RELEASE_REASONS = ("handoff", "ttl", "pressure", "last_step", "finish_action", "abort", "reset", "shutdown")
+# "pressure": an allocation fell short; "cap": an older job's new pin needed
+# room under max_pinned_fraction.
+RELEASE_REASONS = (
+    "handoff", "ttl", "pressure", "cap", "last_step", "finish_action", "abort", "reset", "shutdown",
+)
 # How a job's last turn was known: the client's is_last_step flag, a finish
 # action in its reply (mini-swe-agent's echo, `submit`, a `finish` tool), or
 # an implicit job's reply without a tool call (its final answer).
@@ -77,6 +81,8 @@ class EngineMetrics:
         self.pins_created = 0
         self.pins_released = dict.fromkeys(RELEASE_REASONS, 0)
         self.pin_hit_tokens = 0
+        # Tail blocks of new pins that did not fit under the cap (freed).
+        self.pin_blocks_trimmed = 0
         self.pinned_blocks = 0
         self.pinned_jobs = 0
         self.ttl_seconds = Histogram(TTL_BUCKETS)
@@ -110,6 +116,12 @@ class EngineMetrics:
             self.pinned_blocks = pinned_blocks
             self.pinned_jobs = pinned_jobs
             self._dirty = True
+
+    def on_blocks_trimmed(self, num_blocks: int) -> None:
+        if num_blocks:
+            with self._lock:
+                self.pin_blocks_trimmed += num_blocks
+                self._dirty = True
 
     def on_ttl_decision(self, ttl_s: float) -> None:
         """A TTL of 0 (no pin) is still a decision worth seeing."""
@@ -165,6 +177,7 @@ class EngineMetrics:
                 "pins_created": self.pins_created,
                 "pins_released": dict(self.pins_released),
                 "pin_hit_tokens": self.pin_hit_tokens,
+                "pin_blocks_trimmed": self.pin_blocks_trimmed,
                 "pinned_blocks": self.pinned_blocks,
                 "pinned_jobs": self.pinned_jobs,
                 "ttl_seconds": self.ttl_seconds.to_json(),
@@ -284,7 +297,10 @@ class SnapshotCollector:
         )
 
         labels = ["engine", "policy"]
-        pinned = GaugeMetricFamily(PREFIX + "pinned_blocks", "KV blocks currently held by pins.", labels=labels)
+        pinned = GaugeMetricFamily(
+            PREFIX + "pinned_blocks", "Distinct KV blocks currently held by pins (a shared prefix counts once).",
+            labels=labels,
+        )
         jobs = GaugeMetricFamily(PREFIX + "pinned_jobs", "Jobs currently holding a pin.", labels=labels)
         created = CounterMetricFamily(PREFIX + "pins_created", "Pins created.", labels=labels)
         released = CounterMetricFamily(
@@ -292,6 +308,10 @@ class SnapshotCollector:
         )
         hits = CounterMetricFamily(
             PREFIX + "pin_hit_tokens", "Prompt tokens of next turns served from pinned blocks.", labels=labels
+        )
+        trimmed = CounterMetricFamily(
+            PREFIX + "pin_blocks_trimmed", "Tail blocks of new pins freed because they did not fit under the pin cap.",
+            labels=labels,
         )
         ttl = HistogramMetricFamily(PREFIX + "ttl_seconds", "TTL chosen per finished non-final turn (0 = no pin).", labels=labels)
         tool = HistogramMetricFamily(
@@ -325,6 +345,7 @@ class SnapshotCollector:
             for reason, count in snap["pins_released"].items():
                 released.add_metric(values + [reason], count)
             hits.add_metric(values, snap["pin_hit_tokens"])
+            trimmed.add_metric(values, snap.get("pin_blocks_trimmed", 0))
             for key, count in snap.get("decisions", {}).items():
                 speed, _, layer = key.partition("/")
                 decisions.add_metric(values + [speed, layer], count)
@@ -344,4 +365,4 @@ class SnapshotCollector:
                     cumulative += count
                     buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
                 family.add_metric(values, buckets, h["sum"])
-        return [pinned, jobs, created, released, hits, ttl, tool, decisions, error, fast, ended, implicit]
+        return [pinned, jobs, created, released, hits, trimmed, ttl, tool, decisions, error, fast, ended, implicit]

@@ -9,12 +9,19 @@ of sleeping).
 Invariants:
 * each pinned block carries exactly one reference, owned by its pin, and is
   returned to the block pool exactly once, when its pin is released;
-* ``num_pinned_blocks <= max_pinned_blocks`` after every call;
+* ``num_pinned_blocks`` (distinct blocks: a prefix that several pins hold
+  counts once) ``<= max_pinned_blocks`` after every call;
 * a pin whose deadline has passed is released at the next
   :meth:`release_expired`, unless its job has a turn waiting (that turn takes
   the blocks over at admission instead);
-* blocks leaving a pin by TTL or memory pressure are handed to the offload
-  connector (when there is one) before they are freed.
+* blocks leaving a pin by TTL, memory pressure or the cap are handed to the
+  offload connector (when there is one) before they are freed; a released
+  pin frees only the blocks no other pin (or request) still references, so
+  a shared prefix stays while any pin holds it.
+
+Release reasons: ``pressure`` only when an allocation fell short
+(:meth:`release_for`), ``cap`` when a newer pin made room under
+``max_pinned_blocks`` for an older job's pin.
 """
 
 from __future__ import annotations
@@ -136,31 +143,51 @@ class PinManager:
     ) -> list[list[Any]]:
         """Make room under the pin cap, or shrink the pin to fit.
 
-        Pins of jobs that arrived later than this one are released first
-        (job-level FCFS); what still does not fit is trimmed from the tail
-        (single KV group) or not pinned at all (several groups, which must
-        stay consistent).
+        The cap counts distinct blocks: the part of this pin that other pins
+        already hold (a shared system prompt) costs nothing. Pins of jobs
+        that arrived later than this one give way first (job-level FCFS;
+        release reason ``cap``); what still does not fit is trimmed from the
+        tail, so a shared prefix is kept (single KV group), or not pinned at
+        all (several groups, which must stay consistent).
         """
-        needed = sum(len(g) for g in keep_by_group)
-        while self.table.num_pinned_blocks + needed > self.max_pinned_blocks:
-            victim = self.table.latest_job_pin(exclude_job=job_id)
+        table = self.table
+        needed = table.new_blocks(keep_by_group)
+        while table.num_pinned_blocks + needed > self.max_pinned_blocks:
+            victim = table.latest_job_pin(exclude_job=job_id)
             if victim is None or victim.job_first_arrival <= job_first_arrival:
                 break
-            self.release(victim.job_id, "pressure")
-        room = self.max_pinned_blocks - self.table.num_pinned_blocks
+            self.release(victim.job_id, "cap")
+            # Blocks the victim shared with this pin are new again.
+            needed = table.new_blocks(keep_by_group)
+        room = self.max_pinned_blocks - table.num_pinned_blocks
         if needed <= room:
             return keep_by_group
         pool = self._kv_cache_manager.block_pool
-        if len(keep_by_group) == 1 and room > 0:
-            kept, dropped = keep_by_group[0][:room], keep_by_group[0][room:]
+        if len(keep_by_group) == 1:
+            kept = self._prefix_within(keep_by_group[0], room)
+            dropped = keep_by_group[0][len(kept):]
             self._offload_blocks(dropped, job_id)
             pool.free_blocks(reversed(dropped))
+            self._metrics.on_blocks_trimmed(len(dropped))
             return [kept]
         self._offload_blocks(keep_by_group[0], job_id)
         for group in keep_by_group:
             if group:
                 pool.free_blocks(reversed(group))
+        self._metrics.on_blocks_trimmed(sum(len(g) for g in keep_by_group))
         return [[] for _ in keep_by_group]
+
+    def _prefix_within(self, blocks: list[Any], room: int) -> list[Any]:
+        """The longest prefix of ``blocks`` that adds at most ``room`` blocks
+        no pin holds yet (blocks other pins hold are free to keep)."""
+        held = self.table.is_held
+        new = 0
+        for i, block in enumerate(blocks):
+            if not held(block):
+                new += 1
+                if new > room:
+                    return blocks[:i]
+        return blocks
 
     def _offload_blocks(self, blocks: list[Any], job_id: str) -> None:
         # The copy runs before the next forward pass, so freeing right after
@@ -175,7 +202,7 @@ class PinManager:
         pin = self.table.pop(job_id)
         if pin is None:
             return False
-        if reason in ("ttl", "pressure") and pin.blocks_by_group:
+        if reason in ("ttl", "pressure", "cap") and pin.blocks_by_group:
             self._offload_blocks(pin.blocks_by_group[0], job_id)
         pool = self._kv_cache_manager.block_pool
         for group in pin.blocks_by_group:

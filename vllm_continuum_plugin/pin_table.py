@@ -5,9 +5,16 @@ request held), so the blocks stay out of the free queue and keep their
 prefix-cache hashes. The table only records ownership; the scheduler returns
 the blocks to the pool when it pops a pin.
 
+Several pins may hold the same physical block: jobs of one agent harness
+share its system prompt (often thousands of tokens), so their pins hold the
+same prefix blocks, each with a reference of its own. Such a block costs the
+pool one block however many pins hold it, so the table counts *distinct*
+blocks.
+
 Invariants:
 * at most one pin per job (a newer turn's pin replaces the older one);
-* ``num_pinned_blocks`` equals the sum of ``pin.num_blocks`` over live pins;
+* ``num_pinned_blocks`` is the number of distinct blocks held by live pins,
+  and ``_holders[id(block)]`` the number of live pins holding ``block``;
 * a popped pin is never returned again (so no block is freed twice).
 Both heaps use lazy deletion: stale entries are skipped on pop and compacted
 when they outnumber live pins.
@@ -51,7 +58,29 @@ class PinTable:
         # Latest-arriving job first: key is -job_first_arrival.
         self._by_lateness: list[tuple[float, int, Pin]] = []
         self._seq = itertools.count()
-        self.num_pinned_blocks = 0
+        # id(block) -> live pins holding it. Block objects live as long as
+        # the block pool, so their ids are stable keys (they are unhashable
+        # dataclasses).
+        self._holders: dict[int, int] = {}
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Distinct blocks held by live pins (what the pins cost the pool)."""
+        return len(self._holders)
+
+    def new_blocks(self, blocks_by_group: list[list[Any]]) -> int:
+        """How many of these blocks no live pin holds yet (the cost of pinning
+        them)."""
+        holders = self._holders
+        return sum(1 for group in blocks_by_group for b in group if id(b) not in holders)
+
+    def is_held(self, block: Any) -> bool:
+        return id(block) in self._holders
+
+    def exclusive_blocks(self, pin: Pin) -> int:
+        """Blocks only ``pin`` holds: what releasing it returns to the pool."""
+        holders = self._holders
+        return sum(1 for group in pin.blocks_by_group for b in group if holders.get(id(b)) == 1)
 
     def __len__(self) -> int:
         return len(self._by_job)
@@ -69,7 +98,11 @@ class PinTable:
         if pin.job_id in self._by_job:
             raise KeyError(f"job {pin.job_id!r} already holds a pin; pop it first")
         self._by_job[pin.job_id] = pin
-        self.num_pinned_blocks += pin.num_blocks
+        holders = self._holders
+        for group in pin.blocks_by_group:
+            for block in group:
+                key = id(block)
+                holders[key] = holders.get(key, 0) + 1
         seq = next(self._seq)
         heapq.heappush(self._by_deadline, (pin.deadline, seq, pin))
         heapq.heappush(self._by_lateness, (-pin.job_first_arrival, seq, pin))
@@ -77,7 +110,15 @@ class PinTable:
     def pop(self, job_id: str) -> Pin | None:
         pin = self._by_job.pop(job_id, None)
         if pin is not None:
-            self.num_pinned_blocks -= pin.num_blocks
+            holders = self._holders
+            for group in pin.blocks_by_group:
+                for block in group:
+                    key = id(block)
+                    left = holders[key] - 1
+                    if left:
+                        holders[key] = left
+                    else:
+                        del holders[key]
             self._maybe_compact()
         return pin
 
