@@ -28,8 +28,10 @@ the tool; otherwise Thompson sampling -- draw ``(mu, sigma^2)`` from the
 posterior, then under LogNormal(mu, sigma)
 
 * FAST if P(duration <= fast_threshold_s) >= confidence; TTL = the posterior
-  predictive quantile at ``confidence`` (exp of the Student-t quantile),
-  capped at ``max_ttl_s``;
+  predictive quantile ``q`` at ``confidence`` (exp of the Student-t
+  quantile) as ``q * 1.2 + 0.05``, capped at ``max_ttl_s``. The durations
+  are measured gaps (next arrival minus finish), so the client's round trip
+  is in them already (``Prediction.learned_from_gaps``);
 * SLOW if P(duration >= slow_threshold_s) >= confidence;
 * UNCERTAIN otherwise.
 
@@ -53,7 +55,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .context_predictor import ContextServeConfig, Prediction, ToolSpeed
+from .context_predictor import ContextServeConfig, Prediction, ToolSpeed, hint_ttl
 from .parser import ToolCall
 
 __all__ = [
@@ -363,8 +365,10 @@ class BayesianLayer:
         if p_fast >= cfg.confidence:
             if state.ttl_s is None:
                 quantile = nig.predictive_quantile(cfg.confidence)
-                state.ttl_s = min(cfg.max_ttl_s, math.exp(min(quantile, 700.0)))
-            return Prediction(ToolSpeed.FAST, state.ttl_s, self.name, state.median_s)
+                # Learned from measured gaps: the client's round trip is in
+                # the quantile already; the usual 20% margin covers jitter.
+                state.ttl_s = hint_ttl(math.exp(min(quantile, 700.0)), cfg.max_ttl_s)
+            return Prediction(ToolSpeed.FAST, state.ttl_s, self.name, state.median_s, learned_from_gaps=True)
         p_slow = 1.0 - _normal_cdf((self._log_slow - mu) / sigma)
         if p_slow >= cfg.confidence:
             return Prediction(ToolSpeed.SLOW, 0.0, self.name, state.median_s)

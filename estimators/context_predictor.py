@@ -10,7 +10,8 @@ KV cache from the tool call the reply makes.
 abstain decides:
 
 1. the client's hint (``expected_tool_seconds``): FAST when it is at most
-   ``fast_threshold_s`` (TTL ``hint * 1.2 + 0.05``), SLOW when at least
+   ``fast_threshold_s`` (TTL ``(hint + round trip) * 1.2 + 0.05``, the
+   round trip being the job's measured client overhead), SLOW when at least
    ``slow_threshold_s``, otherwise UNCERTAIN;
 2. ``RulesLayer`` (``rules.py``): curated definitely-fast / definitely-slow
    commands;
@@ -101,6 +102,11 @@ class Prediction:
     ttl_s: float
     layer: str
     predicted_seconds: float | None = None
+    # True when the layer learned from measured gaps (next arrival minus
+    # finish), which already hold the client's round trip; False when its
+    # estimate is the tool's own run time, and the predictor adds the job's
+    # measured overhead (``TTLContext.round_trip_s``) to its FAST TTL.
+    learned_from_gaps: bool = False
 
 
 @dataclass(frozen=True)
@@ -264,7 +270,8 @@ class ContextAwarePredictor:
     def _from_hint(self, seconds: float, ctx: TTLContext) -> Prediction:
         cfg = self.config
         if seconds <= cfg.fast_threshold_s:
-            return Prediction(ToolSpeed.FAST, hint_ttl(seconds, cfg.max_ttl_s), "hint", seconds)
+            ttl = hint_ttl(seconds, cfg.max_ttl_s, ctx.round_trip_s)
+            return Prediction(ToolSpeed.FAST, ttl, "hint", seconds)
         if seconds >= cfg.slow_threshold_s:
             return Prediction(ToolSpeed.SLOW, 0.0, "hint", seconds)
         return Prediction(ToolSpeed.UNCERTAIN, self._fallback_ttl(ctx), "hint", seconds)
@@ -281,10 +288,14 @@ class ContextAwarePredictor:
             if not (math.isfinite(ttl) and ttl > 0):
                 # FAST by definition returns within fast_threshold_s.
                 ttl = self.config.fast_threshold_s
+            if not prediction.learned_from_gaps:
+                # The layer timed the tool; the next turn comes after the
+                # client's own round trip as well.
+                ttl += ctx.round_trip_s
             ttl = min(ttl, self.config.max_ttl_s)
         if ttl == prediction.ttl_s:
             return prediction
-        return Prediction(speed, ttl, prediction.layer, prediction.predicted_seconds)
+        return Prediction(speed, ttl, prediction.layer, prediction.predicted_seconds, prediction.learned_from_gaps)
 
     def _fallback_ttl(self, ctx: TTLContext) -> float:
         ttl = self.fallback(ctx).ttl_s

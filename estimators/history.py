@@ -134,6 +134,9 @@ class JobState:
     """What the scheduler knows about one agent job."""
 
     job_id: str
+    # Arrival of the turn that started the job's current activity period:
+    # its first turn, or the first turn after it was idle longer than
+    # ``JobTracker.idle_reset_s`` (job-level ordering counts from here).
     first_arrival: float
     turns_finished: int = 0
     in_flight: int = 0
@@ -143,6 +146,11 @@ class JobState:
     # duration for it, compared with the measured time at the next arrival.
     last_call: object | None = None
     last_predicted_s: float | None = None
+    # The tool's own expected run time when the last turn's TTL came from
+    # one (hint, rule, classifier): the next gap minus it is client overhead.
+    last_tool_s: float | None = None
+    # Recent client-overhead samples (``RoundTripOverhead``), or None.
+    overhead_samples: deque[float] | None = None
 
 
 class JobTracker:
@@ -150,13 +158,19 @@ class JobTracker:
 
     A job is "touched" on every arrival and finish; when more than ``max_jobs``
     jobs are tracked the least recently touched job with nothing in flight is
-    forgotten (a job that never returns must not leak memory).
+    forgotten (a job that never returns must not leak memory). A turn that
+    arrives more than ``idle_reset_s`` after the job's last finish starts a
+    new activity period: ``first_arrival`` becomes its arrival, so a job id
+    reused after a long pause does not keep an old place in the queue.
     """
 
-    def __init__(self, max_jobs: int = 65536) -> None:
+    def __init__(self, max_jobs: int = 65536, idle_reset_s: float = math.inf) -> None:
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
+        if not idle_reset_s >= 0:
+            raise ValueError(f"idle_reset_s must be >= 0, got {idle_reset_s!r}")
         self.max_jobs = max_jobs
+        self.idle_reset_s = idle_reset_s
         self._jobs: OrderedDict[str, JobState] = OrderedDict()
 
     def get(self, job_id: str) -> JobState | None:
@@ -184,6 +198,8 @@ class JobTracker:
             if job.in_flight == 0 and job.last_finish_time is not None:
                 measured = max(0.0, arrival_time - job.last_finish_time)
                 tool_key = job.last_tool_key
+                if measured > self.idle_reset_s:
+                    job.first_arrival = arrival_time
         job.in_flight += 1
         return job, measured, tool_key
 

@@ -11,8 +11,9 @@ matches it. The call is then
   durations add up to at least ``slow_threshold_s``;
 * FAST if every simple command is definitely fast and the durations add up
   to at most ``fast_threshold_s``. TTL: the largest ``ttl_s`` of the rules
-  that matched plus ``d * 1.2 + 0.05`` for a known duration ``d`` > 0,
-  capped at ``max_ttl_s``;
+  that matched plus ``d * 1.2 + 0.05`` for a known duration ``d`` > 0; the
+  predictor adds the job's measured client round trip (rules time the
+  command, not the agent around it), capped at ``max_ttl_s``;
 * UNCERTAIN if every command is fast or a known duration and the total lies
   between the thresholds (``sleep 5``);
 * otherwise the layer abstains (None): one unknown command is enough.

@@ -53,6 +53,9 @@ class TTLContext:
     # Measured cost of rebuilding this context when an offload connector
     # holds (part of) it; None = recompute, estimated by the prefill model.
     rebuild_seconds: float | None = None
+    # The job's client overhead per round trip (``RoundTripOverhead``): a TTL
+    # from the tool's own expected duration adds it (see ``hint_ttl``).
+    round_trip_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,12 @@ class CDFTTLPolicy:
         return TTLDecision(best_tau(samples, benefit, self.max_ttl_s), source)
 
 
-def hint_ttl(seconds: float, max_ttl_s: float) -> float:
-    """TTL for a tool expected to take ``seconds``: just past its return.
-    Shared by every policy that trusts a duration estimate (client hints,
-    ContextServe's rules and classifier)."""
-    return min(max_ttl_s, seconds * 1.2 + 0.05)
+def hint_ttl(seconds: float, max_ttl_s: float, round_trip_s: float = 0.0) -> float:
+    """TTL for a tool expected to take ``seconds`` whose client spends
+    ``round_trip_s`` more before the next turn arrives: just past that
+    arrival. Shared by every policy that trusts a duration estimate (client
+    hints, ContextServe's rules and classifier)."""
+    return min(max_ttl_s, (seconds + round_trip_s) * 1.2 + 0.05)
 
 
 def best_tau(sorted_samples: np.ndarray, benefit_s: float, max_ttl_s: float) -> float:

@@ -14,11 +14,12 @@ decides if that probability is at least ``confidence``, else the layer
 abstains. ``predicted_seconds`` is the median training duration of the
 predicted class; the FAST TTL is ``q * 1.2 + 0.05`` with ``q`` the
 ``confidence``-quantile of the FAST class's training durations, at least
-``MIN_FAST_TTL_S`` (0.5 s) and at most ``max_ttl_s``. The floor exists
-because the bootstrap durations are the commands' own run times, while the
-tool time the server sees also holds the agent's round trip (decode, HTTP,
-framework), so a TTL of the bare ``ls`` time would lapse before the next
-turn arrives.
+``MIN_FAST_TTL_S`` (0.5 s) and at most ``max_ttl_s``. The bootstrap
+durations are the commands' own run times, while the tool time the server
+sees also holds the agent's round trip (decode, HTTP, framework), so the
+predictor adds the job's measured client overhead to this TTL
+(``round_trip.RoundTripOverhead``); a TTL of the bare ``ls`` time would
+lapse before the next turn arrives.
 
 Inference. The booster's trees are compiled into flat numpy arrays
 (``_CompiledForest``) and evaluated level by level for all trees at once,

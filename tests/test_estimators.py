@@ -11,6 +11,7 @@ from vllm_continuum_plugin.estimators.history import (
     TurnCountCorrelation,
 )
 from vllm_continuum_plugin.estimators.prefill import PrefillCostModel
+from vllm_continuum_plugin.estimators.round_trip import RoundTripOverhead
 from vllm_continuum_plugin.estimators.ttl import (
     CDFTTLPolicy,
     FixedTTLPolicy,
@@ -111,6 +112,37 @@ def test_job_tracker_measures_tool_time_only_between_turns():
     # Aborted turns do not count as finished turns.
     jobs.on_finish("a", 102.0, None, counted=False)
     assert jobs.get("a").turns_finished == 1
+
+
+def test_job_tracker_starts_a_new_activity_period_after_a_long_idle_gap():
+    jobs = JobTracker(idle_reset_s=300.0)
+    jobs.on_arrival("a", 100.0)
+    jobs.on_finish("a", 110.0, "ls", counted=True)
+    job, _, _ = jobs.on_arrival("a", 400.0)  # 290 s: the same period
+    assert job.first_arrival == 100.0
+    jobs.on_finish("a", 410.0, "ls", counted=True)
+    job, measured, _ = jobs.on_arrival("a", 711.0)  # 301 s idle: ranks afresh
+    assert measured == pytest.approx(301.0) and job.first_arrival == 711.0
+
+
+def test_round_trip_overhead_cold_start_then_global_then_per_job():
+    rt = RoundTripOverhead(default_s=2.0, min_global_samples=20, quantile=0.9)
+    jobs = JobTracker()
+    a, _, _ = jobs.on_arrival("a", 0.0)
+    assert rt.margin(a) == 2.0 and rt.margin(None) == 2.0
+    for i in range(20):  # other jobs' overheads: 0.1 .. 2.0 s
+        other, _, _ = jobs.on_arrival(f"o{i}", 0.0)
+        rt.observe(other, gap_s=0.1 * (i + 1) + 0.05, tool_s=0.05)
+    assert rt.margin(a) == pytest.approx(1.8)  # the global 90th percentile
+    for gap in (1.5, 1.6, 1.4):  # this job's client takes ~1.5 s per round trip
+        rt.observe(a, gap_s=gap + 0.1, tool_s=0.1)
+    assert rt.margin(a) == pytest.approx(1.6)  # its own largest recent overhead
+    rt.observe(a, gap_s=125.0, tool_s=0.1)  # the "fast" tool took minutes: not overhead
+    assert rt.margin(a) == pytest.approx(1.6)
+    rt.observe(a, gap_s=0.0, tool_s=0.5)  # faster than expected: overhead 0, never negative
+    assert min(a.overhead_samples) == 0.0
+    with pytest.raises(ValueError, match="quantile"):
+        RoundTripOverhead(quantile=0.0)
 
 
 def test_job_tracker_evicts_idle_jobs_first():

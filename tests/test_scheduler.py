@@ -446,3 +446,154 @@ def test_shared_system_prompt_counts_once_under_the_pin_cap():
     s.clock.advance(61)
     step(s)
     assert_all_blocks_free(s)
+
+
+def _agent_turns(s, job: str, gaps: list[float], tool_command: str = "ls -la"):
+    """One agent job: a turn per gap, each followed by that much tool +
+    client time on the scheduler's clock; the last turn ends the job.
+    Returns the prefix-cache hit of every turn after the first."""
+    prompt = prompt_of(hash(job) % 997, 100)
+    hits = []
+    for i, gap in enumerate([*gaps, None]):
+        last = gap is None
+        r = make_request(prompt, max_tokens=4, job_id=job, is_last_step=last,
+                         extra=None if last else {"tool_command": tool_command})
+        s.add_request(r)
+        cached = admitted_cached_tokens(step(s), r)
+        if i:
+            hits.append(cached)
+        run_until_finished(s, [r])
+        if not last:
+            s.clock.advance(gap)
+            step(s)  # the engine runs in the gap: an expired pin goes now
+            prompt = next_turn_prompt(prompt, r, extra=20)
+    return hits
+
+
+@pytest.mark.parametrize("policy", ["context_serve", "continuum"])
+def test_fast_pins_outlive_a_client_that_takes_1_5_s_per_round_trip(policy):
+    # The tool (`ls`) takes milliseconds; the agent around it (reply parsing,
+    # litellm, docker exec, HTTP) takes 1.5 s before the next turn arrives.
+    extra = {"continuum": {}} if policy == "continuum" else {}
+    s = make_scheduler(policy, num_blocks=96, **extra)
+    hits = _agent_turns(s, "agent", gaps=[1.5] * 6)
+    assert all(h and h > 0 for h in hits), hits  # every next turn found its pin
+    snap = s.continuum_metrics.snapshot()
+    assert snap["pins_released"]["handoff"] == 6 and snap["pins_released"]["ttl"] == 0
+    if policy == "context_serve":
+        assert snap["fast_pins"]["in_time"] == 6 and snap["fast_pins"]["expired"] == 0
+    assert_all_blocks_free(s)
+
+
+def test_a_fast_pin_still_lapses_when_the_tool_really_takes_minutes():
+    s = make_scheduler("context_serve", num_blocks=96)
+    _agent_turns(s, "agent", gaps=[1.5] * 3)
+    prompt, _ = first_turn(s, "stuck", extra={"tool_command": "ls"})
+    ttl = s.pins.get("stuck").ttl_s
+    assert 1.5 < ttl < 10.0  # covers a round trip, nowhere near minutes
+    s.clock.advance(120.0)
+    step(s)
+    assert "stuck" not in s.pins
+    assert s.continuum_metrics.snapshot()["fast_pins"]["expired"] == 1
+
+
+def test_hinted_ttl_adds_the_jobs_measured_round_trip():
+    s = make_scheduler(num_blocks=96)
+    prompt = prompt_of(3, 100)
+    ttls = []
+    for _ in range(5):
+        r = make_request(prompt, max_tokens=4, job_id="h", is_last_step=False,
+                         extra={"expected_tool_seconds": 0.1, "tool_command": "ls"})
+        s.add_request(r)
+        run_until_finished(s, [r])
+        ttls.append(s.pins.get("h").ttl_s)
+        s.clock.advance(0.7)  # 0.1 s tool + 0.6 s client
+        prompt = next_turn_prompt(prompt, r, extra=20)
+    # Cold start: the default 2 s round trip; measured: 0.6 s (+ arrival spacing).
+    assert ttls[0] == pytest.approx((0.1 + 2.0) * 1.2 + 0.05)
+    assert ttls[-1] == pytest.approx((0.1 + 0.6 + ARRIVAL_SPACING_S) * 1.2 + 0.05, abs=1e-3)
+
+
+def _drain(s, requests, max_steps: int = 20000):
+    for _ in range(max_steps):
+        if all(r.is_finished() for r in requests):
+            return
+        step(s)
+    raise AssertionError("requests did not finish")
+
+
+def test_a_job_id_reused_for_500_pipelined_turns_does_not_starve_50_fresh_jobs():
+    # One client sends 500 requests under one job id, always 8 at once; 50
+    # fresh jobs arrive meanwhile; 4 requests run at a time.
+    s = make_scheduler(num_blocks=256, max_num_seqs=4)
+    hog = [make_request(prompt_of(900 + i, 40), job_id="shared", is_last_step=False) for i in range(8)]
+    for r in hog:
+        s.add_request(r)
+    fresh = [make_request(prompt_of(i, 40), job_id=f"fresh{i}", is_last_step=True) for i in range(50)]
+    for r in fresh:
+        s.add_request(r)
+    submitted = len(hog)
+    for _ in range(20000):
+        if all(r.is_finished() for r in fresh):
+            break
+        step(s)
+        for r in [r for r in hog if r.is_finished()]:
+            hog.remove(r)
+            if submitted < 500:
+                nxt = make_request(prompt_of(900 + submitted, 40), job_id="shared", is_last_step=False)
+                s.add_request(nxt)
+                hog.append(nxt)
+                submitted += 1
+    assert all(r.is_finished() for r in fresh)
+    # The fresh jobs went first: the client got through a fraction of its 500.
+    assert submitted < 100, submitted
+    _drain(s, hog)
+
+
+def test_an_old_sequential_job_loses_its_head_start_after_the_priority_window():
+    # A job id used by a sequential loop for 500 turns, each 2 s apart, keeps
+    # its place only for job_priority_window_s (600 s): then 50 fresh jobs
+    # waiting since the start go first. One request runs at a time.
+    s = make_scheduler(num_blocks=256, max_num_seqs=1)
+    fresh = []
+    served_turns = 0
+    r = make_request(prompt_of(900, 40), job_id="loop", is_last_step=False)
+    s.add_request(r)
+    step(s)  # the loop's first turn is running
+    fresh = [make_request(prompt_of(i, 40), job_id=f"fresh{i}", is_last_step=True) for i in range(50)]
+    for f in fresh:
+        s.add_request(f)
+    turn_when_fresh_done = None
+    while served_turns < 500:
+        _drain(s, [r])
+        served_turns += 1
+        if turn_when_fresh_done is None and all(f.is_finished() for f in fresh):
+            turn_when_fresh_done = served_turns
+        s.clock.advance(2.0)
+        r = make_request(prompt_of(900 + served_turns, 40), job_id="loop", is_last_step=served_turns == 499)
+        s.add_request(r)
+    _drain(s, [r, *fresh])
+    # Turns within the window (the first ~300) keep the job ahead; after
+    # that every fresh job is served before the loop's next turn.
+    assert turn_when_fresh_done is not None and 295 <= turn_when_fresh_done <= 305, turn_when_fresh_done
+    s.clock.advance(61)
+    step(s)
+    assert_all_blocks_free(s)
+
+
+def test_a_job_idle_longer_than_the_reset_ranks_as_a_new_arrival():
+    s = make_scheduler(num_blocks=256, max_num_seqs=1)
+    first_turn(s, "old")  # pinned; the job's place is its first arrival
+    s.clock.advance(400.0)  # idle past job_idle_reset_s (300 s); the pin lapsed
+    step(s)
+    blocker = make_request(prompt_of(7, 40), max_tokens=50, is_last_step=True)
+    s.add_request(blocker)
+    step(s)
+    newer = make_request(prompt_of(8, 40), job_id="newer", is_last_step=True)
+    s.add_request(newer)
+    back = make_request(prompt_of(9, 40), job_id="old", is_last_step=True)
+    s.add_request(back)
+    assert s.order.queue_key(back) > s.order.queue_key(newer)
+    _drain(s, [blocker, newer, back])
+    assert newer.num_computed_tokens and back.num_computed_tokens
+    assert_all_blocks_free(s)

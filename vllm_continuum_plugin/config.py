@@ -9,6 +9,7 @@ so a typo fails at startup instead of silently doing nothing.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -41,6 +42,15 @@ class ContinuumConfig:
     fixed_ttl_s: float = 2.0
     # Samples needed before the global (then per-tool) distribution is used.
     cold_start_samples: int = 100
+    # Client overhead in a tool gap (gap minus the tool's own run time)
+    # assumed until it is measured; TTLs from tool-duration estimates add it.
+    round_trip_default_s: float = 2.0
+    # Job order: a job's turns rank by its arrival, but never by more than
+    # this many seconds before their own arrival.
+    job_priority_window_s: float = 600.0
+    # Job order: a turn arriving this long after its job's last finish starts
+    # the job afresh (ranks by its own arrival).
+    job_idle_reset_s: float = 300.0
     # Largest share of the KV pool that pins may hold (0 < x <= 1).
     max_pinned_fraction: float = 0.5
     # Samples kept per tool key (and globally) for the CDF.
@@ -89,6 +99,9 @@ class ContinuumConfig:
         _require(self.default_ttl_s >= 0, "default_ttl_s", self.default_ttl_s, ">= 0")
         _require(self.max_ttl_s >= 0, "max_ttl_s", self.max_ttl_s, ">= 0")
         _require(self.fixed_ttl_s >= 0, "fixed_ttl_s", self.fixed_ttl_s, ">= 0")
+        for name in ("round_trip_default_s", "job_priority_window_s", "job_idle_reset_s"):
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value >= 0, name, value, "a finite number >= 0")
         _require(self.cold_start_samples >= 1, "cold_start_samples", self.cold_start_samples, ">= 1")
         _require(
             0.0 < self.max_pinned_fraction <= 1.0,

@@ -38,6 +38,10 @@ class PinDecision:
     speed: str | None = None
     layer: str | None = None
     predicted_seconds: float | None = None
+    # The tool's own expected run time behind a TTL that added the client's
+    # round trip (hint, rule, classifier), else None: the next measured gap
+    # minus it is a sample of the client overhead.
+    tool_seconds: float | None = None
 
 
 class Decider(Protocol):
@@ -64,8 +68,10 @@ class ContinuumDecider:
                 else self.prefill_cost.seconds(ctx.context_tokens)
             )
             worth_it = expected <= max(rebuild_s, self.config.default_ttl_s)
-            ttl = hint_ttl(expected, self.config.max_ttl_s) if worth_it else 0.0
-            return PinDecision(ttl, "hint", predicted_seconds=expected)
+            if not worth_it:
+                return PinDecision(0.0, "hint", predicted_seconds=expected)
+            ttl = hint_ttl(expected, self.config.max_ttl_s, ctx.round_trip_s)
+            return PinDecision(ttl, "hint", predicted_seconds=expected, tool_seconds=expected)
         decision = self.ttl_policy.decide(ctx)
         return PinDecision(decision.ttl_s, decision.source)
 
@@ -84,7 +90,10 @@ class ContextServeDecider:
         prediction = self.predictor.predict(call, ctx, hint_seconds=meta.expected_tool_seconds)  # type: ignore[attr-defined]
         speed = prediction.speed.value
         ttl = 0.0 if speed == "slow" else prediction.ttl_s
-        return PinDecision(ttl, f"{speed}/{prediction.layer}", speed, prediction.layer, prediction.predicted_seconds)
+        tool_s = prediction.predicted_seconds if speed == "fast" and not prediction.learned_from_gaps else None
+        return PinDecision(
+            ttl, f"{speed}/{prediction.layer}", speed, prediction.layer, prediction.predicted_seconds, tool_s,
+        )
 
     def observe(self, call: ToolCall | None, seconds: float) -> None:
         if call is not None:

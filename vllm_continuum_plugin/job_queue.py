@@ -4,8 +4,11 @@ Order (smallest key first):
 
 1. preempted requests (they already paid for their prefill once);
 2. requests of jobs that hold a live pin (their KV is waiting for them);
-3. job-level FCFS: a job's first arrival orders all of its turns;
+3. job-level FCFS: the arrival a request ranks by, its job's (bounded, see
+   ``job_order.JobOrder``);
 4. request arrival, then insertion order.
+
+The queue itself only orders by the key its ``key_fn`` gives.
 
 It implements vLLM's ``RequestQueue`` interface on a binary heap, so
 ``add``/``pop`` cost O(log n) (the released fork scanned the whole queue on
@@ -25,7 +28,7 @@ from vllm.v1.request import Request
 
 __all__ = ["ContinuumRequestQueue", "PriorityKey"]
 
-# (tier, job first arrival, request arrival)
+# (tier, ranked arrival of the job, request arrival)
 PriorityKey = tuple[int, float, float]
 
 

@@ -34,6 +34,8 @@ __all__ = [
     "METADATA_FIELDS",
     "parse_bool",
     "parse_metadata",
+    "request_meta",
+    "set_request_meta",
 ]
 
 JOB_ID = "job_id"
@@ -66,6 +68,18 @@ class JobMetadata:
 
 
 UNTAGGED = JobMetadata()
+# Where the scheduler keeps a request's parsed metadata (set at add_request).
+_META_ATTR = "_continuum_meta"
+
+
+def request_meta(request: Any) -> JobMetadata:
+    """The job metadata the scheduler parsed for ``request`` (UNTAGGED when
+    none)."""
+    return getattr(request, _META_ATTR, UNTAGGED)
+
+
+def set_request_meta(request: Any, meta: JobMetadata) -> None:
+    setattr(request, _META_ATTR, meta)
 
 _TRUE_STRINGS = frozenset({"true", "1"})
 _FALSE_STRINGS = frozenset({"false", "0"})

@@ -26,9 +26,13 @@ block manager and kernels untouched:
 * ``reset_prefix_cache`` / ``shutdown`` -- release every pin first.
 
 The pin lifecycle itself (taking blocks, the cap, expiry, release, soft-pin
-victims) lives in :class:`~.pin_manager.PinManager`, reading replies (decode,
-stop strings, tool calls) in :class:`~.reply_reader.ReplyReader`, finding
-untagged agents' next turns in :class:`~.implicit_jobs.ImplicitJobIndex`;
+victims) lives in :class:`~.pin_manager.PinManager`, where a request ranks
+(bounded job-level FCFS) in :class:`~.job_order.JobOrder`, reading replies
+(decode, stop strings, tool calls) in :class:`~.reply_reader.ReplyReader`,
+finding untagged agents' next turns in
+:class:`~.implicit_jobs.ImplicitJobIndex`, the client's share of a tool gap
+in :class:`~.estimators.round_trip.RoundTripOverhead` (TTLs from
+tool-duration estimates add it);
 every time the scheduler
 reads comes from the :class:`~.clock.Clock` it was constructed with
 (``clock=``, default the system clock), so tests advance time instead of
@@ -36,8 +40,8 @@ sleeping.
 
 Invariants: each pinned block carries exactly one reference owned by its pin;
 ``PinTable.pop`` returns a pin at most once and its blocks are returned to the
-pool exactly then; the pinned share of the pool never exceeds
-``max_pinned_fraction``; requests without a job id whose reply calls no
+pool exactly then; the pinned share of the pool (distinct blocks) never
+exceeds ``max_pinned_fraction``; requests without a job id whose reply calls no
 tool, and every untagged request when ``implicit_jobs`` is off, behave
 exactly as FCFS; client metadata always wins over an implicit match.
 """
@@ -60,10 +64,12 @@ from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, Tu
 from .decisions import Decider, make_decider
 from .estimators.parser import NO_TOOL_KEY, is_finish_action
 from .estimators.prefill import PrefillCostModel
+from .estimators.round_trip import RoundTripOverhead
 from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
 from .implicit_jobs import ImplicitJobIndex, is_implicit_job
 from .job_queue import ContinuumRequestQueue, PriorityKey
-from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata
+from .job_order import JobOrder
+from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata, request_meta, set_request_meta
 from .metrics import EngineMetrics
 from .pin_manager import PinManager
 from .registration import PLUGIN_POLICIES
@@ -79,20 +85,11 @@ __all__ = [
     "PLUGIN_POLICIES",
 ]
 
-# Queue tiers (smaller is served first).
-_TIER_PREEMPTED, _TIER_PINNED_JOB, _TIER_REST = 0, 1, 2
-_META_ATTR = "_continuum_meta"
-_RUN_KEY_ATTR = "_continuum_run_key"
-_JOB_ARRIVAL_ATTR = "_continuum_job_arrival"
 # Release reason of a job's remaining pin when its turn ends it (by how the
 # end was known; None: the turn was aborted).
 _RELEASE_REASON_AT_END = {
     None: "abort", "last_step": "last_step", "finish_action": "finish_action", "final_answer": "last_step",
 }
-
-
-def _meta(request: Request) -> JobMetadata:
-    return getattr(request, _META_ATTR, UNTAGGED)
 
 
 class ContinuumSchedulerMixin:
@@ -127,7 +124,8 @@ class ContinuumSchedulerMixin:
         self.continuum_config: ContinuumConfig = load_config(vllm_config.additional_config)
         cfg = self.continuum_config
 
-        self.jobs = JobTracker(cfg.max_jobs)
+        self.jobs = JobTracker(cfg.max_jobs, cfg.job_idle_reset_s)
+        self.round_trip = RoundTripOverhead(cfg.round_trip_default_s)
         self.tool_history = ToolDurationHistory(cfg.history_max_samples, cfg.history_max_tools)
         self.prefill_cost = PrefillCostModel(cfg.prefill_seconds_per_token)
         self.evicted_queueing_delay = SlidingMean(256)
@@ -157,8 +155,9 @@ class ContinuumSchedulerMixin:
         block_pool = self.kv_cache_manager.block_pool
         usable_blocks = max(0, block_pool.num_gpu_blocks - 1)  # minus the null block
 
-        self.waiting = ContinuumRequestQueue(self._queue_key)
-        self.kv_holding_waiting = ContinuumRequestQueue(self._queue_key)
+        self.order = JobOrder(cfg.job_priority_window_s, has_pin=lambda job_id: job_id in self.pins)
+        self.waiting = ContinuumRequestQueue(self.order.queue_key)
+        self.kv_holding_waiting = ContinuumRequestQueue(self.order.queue_key)
         self._waiting_by_job: dict[str, set[Request]] = {}
         self._running_order_dirty = True
         # request -> (monotonic admission time, tokens to prefill)
@@ -203,23 +202,8 @@ class ContinuumSchedulerMixin:
         return self.pins.max_pinned_blocks
 
     # ------------------------------------------------------------------
-    # Queue ordering
+    # Queue ordering (the rule lives in JobOrder)
     # ------------------------------------------------------------------
-    @staticmethod
-    def _job_first_arrival(request: Request) -> float:
-        """First arrival of the request's job (set once at add_request), or
-        the request's own arrival for untagged requests."""
-        return getattr(request, _JOB_ARRIVAL_ATTR, request.arrival_time)
-
-    def _queue_key(self, request: Request) -> PriorityKey:
-        if request.status == RequestStatus.PREEMPTED:
-            tier = _TIER_PREEMPTED
-        elif _meta(request).job_id in self.pins:
-            tier = _TIER_PINNED_JOB
-        else:
-            tier = _TIER_REST
-        return (tier, self._job_first_arrival(request), request.arrival_time)
-
     def _reprioritize_job(self, job_id: str) -> None:
         waiting = self._waiting_by_job.get(job_id)
         if waiting:
@@ -231,14 +215,7 @@ class ContinuumSchedulerMixin:
         not on its last step there. Timsort makes the usual already-sorted
         case O(n)."""
         if len(self.running) > 1:
-            self.running.sort(key=self._running_key)
-
-    def _running_key(self, request: Request) -> tuple[bool, float, float]:
-        key = getattr(request, _RUN_KEY_ATTR, None)
-        if key is None:  # computed once per request: its job's arrival is fixed
-            key = (not _meta(request).is_last_step, self._job_first_arrival(request), request.arrival_time)
-            setattr(request, _RUN_KEY_ATTR, key)
-        return key
+            self.running.sort(key=self.order.running_key)
 
     # ------------------------------------------------------------------
     # Request arrival
@@ -248,7 +225,7 @@ class ContinuumSchedulerMixin:
             meta = self._parse_request_metadata(request)
             if meta.job_id is None and self.implicit_jobs is not None:
                 meta = self._match_implicit_job(request, meta)
-            setattr(request, _META_ATTR, meta)
+            set_request_meta(request, meta)
             if meta.job_id is not None:
                 self._on_job_arrival(request, meta)
         super().add_request(request)  # type: ignore[misc]
@@ -282,15 +259,17 @@ class ContinuumSchedulerMixin:
     def _on_job_arrival(self, request: Request, meta: JobMetadata) -> None:
         assert meta.job_id is not None
         job, measured, tool_key = self.jobs.on_arrival(meta.job_id, request.arrival_time)
-        setattr(request, _JOB_ARRIVAL_ATTR, job.first_arrival)
+        self.order.credit(request, job)
         if measured is not None:
+            if job.last_tool_s is not None:
+                self.round_trip.observe(job, measured, job.last_tool_s)
             self.tool_history.record(tool_key or NO_TOOL_KEY, measured)
             self.decider.observe(job.last_call, measured)
             self.continuum_metrics.on_tool_time(measured, job.last_predicted_s)
         self._waiting_by_job.setdefault(meta.job_id, set()).add(request)
 
     def _forget_waiting(self, request: Request) -> None:
-        job_id = _meta(request).job_id
+        job_id = request_meta(request).job_id
         if job_id is None:
             return
         waiting = self._waiting_by_job.get(job_id)
@@ -337,7 +316,7 @@ class ContinuumSchedulerMixin:
                     now,
                     max(1, request.num_prompt_tokens - cached),
                 )
-            job_id = _meta(request).job_id
+            job_id = request_meta(request).job_id
             if job_id is None:
                 continue
             if self.offload is not None:
@@ -395,7 +374,7 @@ class ContinuumSchedulerMixin:
             return
         self._forget_waiting(request)
         self._prefill_started.pop(request.request_id, None)
-        meta = _meta(request)
+        meta = request_meta(request)
         job_id = meta.job_id
         if job_id is None and self.implicit_jobs is None:
             super()._free_request_blocks(request)  # type: ignore[misc]
@@ -409,7 +388,7 @@ class ContinuumSchedulerMixin:
                 super()._free_request_blocks(request)  # type: ignore[misc]
                 return
             job_id = self._start_implicit_job(request, meta)
-            meta = _meta(request)
+            meta = request_meta(request)
         if meta.is_last_step or not normal:
             self._end_job(request, meta, normal, "last_step" if meta.is_last_step else None)
             return
@@ -422,6 +401,8 @@ class ContinuumSchedulerMixin:
             return
         tool_key = call.tool_key if call is not None else NO_TOOL_KEY
         job = self.jobs.on_finish(job_id, self.clock.time(), tool_key, counted=True)
+        if job is not None:  # set again below when this turn is decided
+            job.last_predicted_s = job.last_tool_s = None
         if self.implicit_jobs is not None and is_implicit_job(job_id):
             self._register_implicit_turn(request, job_id)
         if not self.pinning_enabled or not self._request_blocks_can_be_freed(request):  # type: ignore[attr-defined]
@@ -438,11 +419,13 @@ class ContinuumSchedulerMixin:
                 queueing_delay_s=self.evicted_queueing_delay.mean(0.0),
                 eta=self.turn_correlation.eta(),
                 rebuild_seconds=self._rebuild_seconds(request),
+                round_trip_s=self.round_trip.margin(job),
             ),
         )
         if job is not None:  # measured against the next arrival
             job.last_call = call
             job.last_predicted_s = decision.predicted_seconds
+            job.last_tool_s = decision.tool_seconds
         self.continuum_metrics.on_decision(decision.speed, decision.layer)
         logger.debug(
             "continuum: job %s request %s tool %r -> ttl %.3fs (%s)",
@@ -456,7 +439,7 @@ class ContinuumSchedulerMixin:
                 self.offload.save_request(request, hold_job=job_id)
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
-        self.pins.pin(request, job_id, self._job_first_arrival(request), decision.ttl_s, tool_key, decision.speed)
+        self.pins.pin(request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed)
 
     def _end_job(self, request: Request, meta: JobMetadata, normal: bool, last: str | None) -> None:
         """The job's last turn (``last``: how that was known) or an aborted
@@ -485,9 +468,9 @@ class ContinuumSchedulerMixin:
         """An untagged turn that called a tool: from now on it is a job."""
         assert self.implicit_jobs is not None
         job_id = self.implicit_jobs.new_job_id()
-        setattr(request, _META_ATTR, dataclasses.replace(meta, job_id=job_id))
+        set_request_meta(request, dataclasses.replace(meta, job_id=job_id))
         job, _, _ = self.jobs.on_arrival(job_id, request.arrival_time)
-        setattr(request, _JOB_ARRIVAL_ATTR, job.first_arrival)
+        self.order.credit(request, job)
         self.continuum_metrics.on_implicit_turn("started")
         logger.debug("continuum: request %s starts implicit job %r", request.request_id, job_id)
         return job_id
@@ -539,8 +522,8 @@ class ContinuumSchedulerMixin:
             # arrived after its own (job-level FCFS applied to memory): a new
             # job does not evict the context of an older job in a tool gap.
             return self.pins.release_for(
-                own_job=_meta(request).job_id,
-                own_arrival=self._job_first_arrival(request),
+                own_job=request_meta(request).job_id,
+                own_arrival=self.order.ranked_arrival(request),
                 any_pin=request.status == RequestStatus.RUNNING or not self.running,
                 retry=lambda: original(request, *args, **kwargs),
             )

@@ -1,0 +1,86 @@
+"""Where a request ranks: job-level FCFS that no job id can game.
+
+Continuum serves an agent's next turn as if it had arrived with the job's
+first turn, so jobs that are mid-task finish before newer ones start. Left
+unbounded, that lets a job id jump the queue forever: a long chat session,
+or a client that reuses one id on purpose, keeps its first arrival for hours
+and its concurrent requests all share it. The rule (README, "Job order"):
+
+* a job's turns rank by the arrival of its activity period's first turn
+  (``JobState.first_arrival``; a turn arriving more than ``job_idle_reset_s``
+  after the job's last finish starts a new period), but never by more than
+  ``window_s`` (``job_priority_window_s``) before their own arrival;
+* only a turn that arrives while nothing else of its job is in flight (the
+  next turn of a sequential agent loop) gets that credit; further concurrent
+  requests of the job rank by their own arrival;
+* the pinned-job tier (a waiting turn whose KV is pinned goes first) is part
+  of the credit: a job older than the window, or a request without credit,
+  does not get it.
+
+Waiting queue key (smallest first): ``(tier, ranked arrival, own arrival)``
+with tiers preempted < pinned job < rest. Preemption order: vLLM preempts
+``running[-1]``, which ``running_key`` makes the latest-ranked request not on
+its job's last step.
+
+Invariant: a request's ranked arrival is fixed when it arrives (``credit``)
+and lies in ``[own arrival - window_s, own arrival]``; only its tier changes
+while it waits (its job gains or loses a pin), and the queue is told to
+re-key it then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vllm.v1.request import Request, RequestStatus
+
+from .estimators.history import JobState
+from .job_queue import PriorityKey
+from .metadata import request_meta
+
+__all__ = ["JobOrder"]
+
+TIER_PREEMPTED, TIER_PINNED_JOB, TIER_REST = 0, 1, 2
+_RANKED_ARRIVAL_ATTR = "_continuum_job_arrival"
+_CREDIT_ATTR = "_continuum_job_credit"
+_RUN_KEY_ATTR = "_continuum_run_key"
+
+
+class JobOrder:
+    """Ranks requests by job (see module doc); ``has_pin(job_id)`` tells
+    whether the job's KV is pinned now."""
+
+    def __init__(self, window_s: float, has_pin: Callable[[str | None], bool]) -> None:
+        self.window_s = window_s
+        self._has_pin = has_pin
+
+    def credit(self, request: Request, job: JobState) -> None:
+        """Fix the arrival ``request`` ranks by; ``job`` already counts it
+        as in flight."""
+        arrival = request.arrival_time
+        if job.in_flight == 1:
+            setattr(request, _RANKED_ARRIVAL_ATTR, max(job.first_arrival, arrival - self.window_s))
+            setattr(request, _CREDIT_ATTR, arrival - job.first_arrival <= self.window_s)
+        else:
+            setattr(request, _RANKED_ARRIVAL_ATTR, arrival)
+
+    @staticmethod
+    def ranked_arrival(request: Request) -> float:
+        """The arrival the request ranks by (its own when it has no job)."""
+        return getattr(request, _RANKED_ARRIVAL_ATTR, request.arrival_time)
+
+    def queue_key(self, request: Request) -> PriorityKey:
+        if request.status == RequestStatus.PREEMPTED:
+            tier = TIER_PREEMPTED
+        elif getattr(request, _CREDIT_ATTR, False) and self._has_pin(request_meta(request).job_id):
+            tier = TIER_PINNED_JOB
+        else:
+            tier = TIER_REST
+        return (tier, self.ranked_arrival(request), request.arrival_time)
+
+    def running_key(self, request: Request) -> tuple[bool, float, float]:
+        key = getattr(request, _RUN_KEY_ATTR, None)
+        if key is None:  # computed once per request: its ranked arrival is fixed
+            key = (not request_meta(request).is_last_step, self.ranked_arrival(request), request.arrival_time)
+            setattr(request, _RUN_KEY_ATTR, key)
+        return key
