@@ -38,7 +38,7 @@ class _SortedSamples:
     sample instead of rebuilding one.
     """
 
-    __slots__ = ("fifo", "_sorted", "_n", "_sum", "max_samples")
+    __slots__ = ("fifo", "_sorted", "_n", "_sum", "max_samples", "version", "_view")
 
     def __init__(self, max_samples: int) -> None:
         self.max_samples = max_samples
@@ -46,6 +46,10 @@ class _SortedSamples:
         self._sorted = np.empty(min(max_samples, 64), dtype=np.float64)
         self._n = 0
         self._sum = 0.0
+        # Bumped by every add: decisions derived from the samples are cached
+        # against it (``CDFTTLPolicy``).
+        self.version = 0
+        self._view: np.ndarray | None = None
 
     def add(self, value: float) -> None:
         if self._n >= self.max_samples:
@@ -64,11 +68,15 @@ class _SortedSamples:
         self._n += 1
         self.fifo.append(value)
         self._sum += value
+        self.version += 1
+        self._view = None
 
     def as_array(self) -> np.ndarray:
         """Sorted samples (a read-only view, valid until the next add)."""
-        view = self._sorted[: self._n]
-        view.flags.writeable = False
+        view = self._view
+        if view is None:
+            view = self._view = self._sorted[: self._n]
+            view.flags.writeable = False
         return view
 
     def __len__(self) -> int:
@@ -107,6 +115,10 @@ class ToolDurationHistory:
             self._per_tool.move_to_end(tool_key)
         samples.add(seconds)
         self._global.add(seconds)
+
+    def samples(self, tool_key: str | None = None) -> _SortedSamples | None:
+        """The sorted samples of one tool (all tools when key is None)."""
+        return self._global if tool_key is None else self._per_tool.get(tool_key)
 
     def num_samples(self, tool_key: str | None = None) -> int:
         if tool_key is None:

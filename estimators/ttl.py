@@ -23,6 +23,7 @@ Both return a ``TTLDecision``; the result is clamped to [0, ``max_ttl_s``].
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,8 +74,13 @@ class TTLPolicy(Protocol):
 class CDFTTLPolicy:
     """The paper's CDF rule (see module docstring).
 
-    Cost: one numpy pass over at most ``max_samples`` sorted samples; the
-    sorted array is cached by the history between inserts.
+    Cost: a decision is ``best_tau`` over the tool's sorted samples (kept
+    sorted by the history: a few vectorised passes, no sort). Decisions are
+    cached per sample set (``_SortedSamples.version``): an unchanged history
+    answers from the cache when the benefit is one already seen or lies in
+    the interval over which the cached answer stays optimal
+    (``_DecisionCache``), so only the first decision after a new sample pays
+    the numpy passes.
     """
 
     name = "cdf"
@@ -92,17 +98,68 @@ class CDFTTLPolicy:
         self.default_ttl_s = default_ttl_s
         self.max_ttl_s = max_ttl_s
         self.cold_start_samples = cold_start_samples
+        # One cache per sample set (tool key, or None for the global pool);
+        # bounded like the history's tool keys (stale ones are replaced).
+        self._caches: dict[str | None, _DecisionCache] = {}
 
     def decide(self, ctx: TTLContext) -> TTLDecision:
-        if self.history.num_samples() < self.cold_start_samples:
+        history = self.history
+        if history.num_samples() < self.cold_start_samples:
             return TTLDecision(min(self.default_ttl_s, self.max_ttl_s), "default")
-        if self.history.num_samples(ctx.tool_key) >= self.cold_start_samples:
-            samples, source = self.history.sorted_samples(ctx.tool_key), "tool"
-        else:
-            samples, source = self.history.sorted_samples(None), "global"
+        key: str | None = ctx.tool_key
+        samples = history.samples(key)
+        source = "tool"
+        if samples is None or len(samples) < self.cold_start_samples:
+            key, samples, source = None, history.samples(None), "global"
+        assert samples is not None
         rebuild = ctx.rebuild_seconds if ctx.rebuild_seconds is not None else self.prefill.seconds(ctx.context_tokens)
         benefit = ctx.queueing_delay_s * ctx.eta + rebuild
-        return TTLDecision(best_tau(samples, benefit, self.max_ttl_s), source)
+        cache = self._caches.get(key)
+        if cache is None or cache.version != samples.version:
+            if cache is None and len(self._caches) >= 2 * self.history.max_tools + 2:
+                self._caches.clear()  # tool keys the history dropped
+            cache = self._caches[key] = _DecisionCache(samples.version)
+        return TTLDecision(cache.answer(samples.as_array(), benefit, self.max_ttl_s), source)
+
+
+class _DecisionCache:
+    """``best_tau`` answers for one version of one sorted sample set.
+
+    ``best_tau`` maximises ``a * i - s_i`` over ranks ``i`` (``a = benefit /
+    n``), a linear function of ``a``; the index that wins for ``a`` keeps
+    winning on an interval of ``a`` that two more vectorised passes find. The
+    first decision of a version pays one ``best_tau``; the second one with
+    another benefit also computes the interval of its answer; later ones
+    inside a known interval, or with a benefit already seen, are lookups.
+    At most ``MAX_ENTRIES`` answers are kept per version.
+    """
+
+    MAX_ENTRIES = 16
+    __slots__ = ("version", "_exact", "_intervals", "_misses")
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self._exact: dict[float, float] = {}
+        self._intervals: list[tuple[float, float, float]] = []  # (lo, hi, tau) over benefit
+        self._misses = 0
+
+    def answer(self, samples: np.ndarray, benefit_s: float, max_ttl_s: float) -> float:
+        tau = self._exact.get(benefit_s)
+        if tau is not None:
+            return tau
+        for lo, hi, cached in self._intervals:
+            if lo <= benefit_s <= hi:
+                return cached
+        self._misses += 1
+        if self._misses == 1:
+            tau = best_tau(samples, benefit_s, max_ttl_s)
+        else:
+            tau, lo, hi = best_tau_interval(samples, benefit_s, max_ttl_s)
+            if len(self._intervals) < self.MAX_ENTRIES:
+                self._intervals.append((lo, hi, tau))
+        if len(self._exact) < self.MAX_ENTRIES:
+            self._exact[benefit_s] = tau
+        return tau
 
 
 def hint_ttl(seconds: float, max_ttl_s: float, round_trip_s: float = 0.0) -> float:
@@ -111,6 +168,17 @@ def hint_ttl(seconds: float, max_ttl_s: float, round_trip_s: float = 0.0) -> flo
     arrival. Shared by every policy that trusts a duration estimate (client
     hints, ContextServe's rules and classifier)."""
     return min(max_ttl_s, (seconds + round_trip_s) * 1.2 + 0.05)
+
+
+# Ranks 1..n as floats, shared by every decision (sliced, never written).
+_RANKS = np.arange(1, 4097, dtype=np.float64)
+
+
+def _ranks(n: int) -> np.ndarray:
+    global _RANKS
+    if n > _RANKS.shape[0]:
+        _RANKS = np.arange(1, 2 * n + 1, dtype=np.float64)
+    return _RANKS[:n]
 
 
 def best_tau(sorted_samples: np.ndarray, benefit_s: float, max_ttl_s: float) -> float:
@@ -124,13 +192,46 @@ def best_tau(sorted_samples: np.ndarray, benefit_s: float, max_ttl_s: float) -> 
     n = sorted_samples.shape[0]
     if n == 0 or benefit_s <= 0:
         return 0.0
-    limit = int(np.searchsorted(sorted_samples, max_ttl_s, side="right"))
+    limit = int(sorted_samples.searchsorted(max_ttl_s, side="right"))
     if limit == 0:
         return 0.0
     candidates = sorted_samples[:limit]
-    scores = np.arange(1, limit + 1, dtype=np.float64) * (benefit_s / n) - candidates
-    best = int(np.argmax(scores))
+    scores = _ranks(limit) * (benefit_s / n)
+    scores -= candidates
+    best = int(scores.argmax())
     return float(candidates[best]) if scores[best] > 0.0 else 0.0
+
+
+def best_tau_interval(sorted_samples: np.ndarray, benefit_s: float, max_ttl_s: float) -> tuple[float, float, float]:
+    """``best_tau`` plus the closed interval of benefits ``[lo, hi]`` over
+    which its answer stays the optimum (``tau`` 0 included: it scores 0)."""
+    n = sorted_samples.shape[0]
+    limit = int(sorted_samples.searchsorted(max_ttl_s, side="right")) if n else 0
+    if n == 0 or limit == 0:
+        return 0.0, -math.inf, math.inf
+    candidates = sorted_samples[:limit]
+    ranks = _ranks(limit)
+    if benefit_s <= 0:
+        # Every score is <= -s_i <= 0: tau 0 wins up to the first benefit at
+        # which some rank breaks even.
+        return 0.0, -math.inf, float((candidates / ranks).min()) * n
+    scores = ranks * (benefit_s / n)
+    scores -= candidates
+    best = int(scores.argmax())
+    if scores[best] <= 0.0:
+        return 0.0, -math.inf, float((candidates / ranks).min()) * n
+    # Rank k = best + 1 beats rank i iff a * (k - i) >= s_k - s_i, with
+    # a = benefit / n, and beats tau 0 iff a * k > s_k.
+    k = best + 1
+    s_k = float(candidates[best])
+    lo = s_k / k
+    if best > 0:
+        lo = max(lo, float(((s_k - candidates[:best]) / (k - ranks[:best])).max()))
+    hi = math.inf
+    if best + 1 < limit:
+        hi = float(((candidates[best + 1:] - s_k) / (ranks[best + 1:] - k)).min())
+    # Strictly inside the interval, so ties at its ends are recomputed.
+    return s_k, lo * n * (1 + 1e-12) + 1e-12, hi * n * (1 - 1e-12)
 
 
 class FixedTTLPolicy:

@@ -99,3 +99,64 @@ def test_unknown_tool_falls_back_to_continuum_ttl(server, client):
     assert wait_for(lambda: server.metric("vllm_continuum:pins_released_total", reason="ttl") == lapsed + 1)
     assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0)
     assert wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") == 0.0)
+
+
+def _flood(client, count: int, tag: str):
+    """Another client's requests, one after another in a thread: by the end
+    they have cycled through the pool, without ever needing the pinned
+    blocks at once (that would be memory pressure, a different test)."""
+    import threading
+
+    errors: list = []
+
+    def run() -> None:
+        try:
+            for i in range(count):
+                client.completions.create(model="smollm2", prompt=f"{tag} {i} " + "lorem ipsum dolor " * 150,
+                                          max_tokens=8, temperature=0.0)
+        except Exception as e:  # reported by the caller
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors
+
+
+def test_fast_pins_survive_round_trips_of_1_to_2_s_under_a_flood(server, client):
+    # The shipped rules (`git status`, `cat` are FAST), no client hint, no TTL
+    # override: the TTL is the rule's plus the client's round trip (cold
+    # start: round_trip_default_s). The client takes 1.5 s, then 2 s, while
+    # another client's traffic runs. The only time raced is the delivery of
+    # one response and one request (milliseconds) against the TTL's slack
+    # over the client's sleep (seconds): an engine step that runs past the
+    # deadline still sees the next turn first.
+    import time
+
+    in_time = server.metric("vllm_continuum:fast_pins_total", outcome="in_time")
+    expired = server.metric("vllm_continuum:fast_pins_total", outcome="expired")
+    fast_rules = decisions(server, "fast", "rules")
+    messages = [SYSTEM, {"role": "user", "content": "Check the repository state. " * 20}]
+    prompts: list[int] = []
+    floods = []
+    for i, (command, gap) in enumerate([("git status", 1.5), ("cat main.py", 2.0), (None, None)]):
+        last = command is None
+        regex = r"```bash\necho done\n```" if last else "```bash\n" + command.replace(".", r"\.") + "\n```"
+        r = turn(client, "round-trip-job", messages, regex, last=last)
+        if prompts:  # the previous turn's pin was still there
+            assert r.usage.prompt_tokens_details.cached_tokens >= prompts[-1] - 32, (i, r.usage)
+        prompts.append(r.usage.prompt_tokens)
+        if last:
+            break
+        floods.append(_flood(client, 4, f"flood{i}"))
+        time.sleep(gap)
+        messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": f"output of {command}: " + "M main.py " * 30}]
+    for thread, errors in floods:
+        thread.join()
+        assert not errors
+    assert wait_for(lambda: decisions(server, "fast", "rules") == fast_rules + 2)
+    assert wait_for(lambda: server.metric("vllm_continuum:fast_pins_total", outcome="in_time") == in_time + 2)
+    assert server.metric("vllm_continuum:fast_pins_total", outcome="expired") == expired
+    # The last step ended the job: nothing stays pinned or allocated.
+    assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0)
+    assert wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") == 0.0)

@@ -1,6 +1,8 @@
 """History, TTL rule and rebuild-cost model (pure logic)."""
 
 
+import math
+
 import numpy as np
 import pytest
 
@@ -39,6 +41,33 @@ def test_best_tau_matches_brute_force(seed):
     samples = np.sort(np.round(rng.lognormal(0, 1, 200), 2))
     for benefit in (0.5, 3.0, 20.0):
         assert best_tau(samples, benefit, 10.0) == pytest.approx(brute_force_tau(list(samples), benefit, 10.0))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_tau_interval_is_exact_and_cached_decisions_equal_fresh_ones(seed):
+    from vllm_continuum_plugin.estimators.ttl import best_tau_interval
+
+    rng = np.random.default_rng(seed)
+    samples = np.sort(np.round(rng.lognormal(0, 1, 300), 2))  # with ties
+    for benefit in [0.0, -1.0, *rng.uniform(0.01, 40.0, 60)]:
+        tau, lo, hi = best_tau_interval(samples, benefit, 10.0)
+        assert tau == best_tau(samples, benefit, 10.0)
+        assert lo <= benefit <= hi
+        for probe in (lo, hi, (lo + hi) / 2, lo + (hi - lo) * 0.99):
+            if math.isfinite(probe):
+                assert best_tau(samples, probe, 10.0) == tau, (benefit, probe, lo, hi)
+    # The policy's cache answers exactly what a fresh computation would,
+    # across new samples and contexts of every size.
+    h = ToolDurationHistory(max_samples=512)
+    policy = CDFTTLPolicy(h, PrefillCostModel(1e-3), 2.0, 30.0, 50)
+    for i in range(600):
+        if i % 7 == 0:
+            h.record("t", float(rng.lognormal(0, 1)))
+        ctx = TTLContext("t", int(rng.integers(0, 20000)), float(rng.uniform(0, 5)), 1.0)
+        if h.num_samples() < 50:
+            continue
+        benefit = ctx.queueing_delay_s + policy.prefill.seconds(ctx.context_tokens)
+        assert policy.decide(ctx).ttl_s == best_tau(h.sorted_samples("t"), benefit, 30.0)
 
 
 def test_best_tau_pins_fast_tools_and_skips_slow_ones():

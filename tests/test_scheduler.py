@@ -509,8 +509,8 @@ def test_hinted_ttl_adds_the_jobs_measured_round_trip():
         ttls.append(s.pins.get("h").ttl_s)
         s.clock.advance(0.7)  # 0.1 s tool + 0.6 s client
         prompt = next_turn_prompt(prompt, r, extra=20)
-    # Cold start: the default 2 s round trip; measured: 0.6 s (+ arrival spacing).
-    assert ttls[0] == pytest.approx((0.1 + 2.0) * 1.2 + 0.05)
+    # Cold start: the default round trip (2.5 s); measured: 0.6 s (+ arrival spacing).
+    assert ttls[0] == pytest.approx((0.1 + s.continuum_config.round_trip_default_s) * 1.2 + 0.05)
     assert ttls[-1] == pytest.approx((0.1 + 0.6 + ARRIVAL_SPACING_S) * 1.2 + 0.05, abs=1e-3)
 
 

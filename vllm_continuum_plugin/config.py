@@ -44,7 +44,7 @@ class ContinuumConfig:
     cold_start_samples: int = 100
     # Client overhead in a tool gap (gap minus the tool's own run time)
     # assumed until it is measured; TTLs from tool-duration estimates add it.
-    round_trip_default_s: float = 2.0
+    round_trip_default_s: float = 2.5
     # Job order: a job's turns rank by its arrival, but never by more than
     # this many seconds before their own arrival.
     job_priority_window_s: float = 600.0

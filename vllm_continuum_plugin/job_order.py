@@ -65,6 +65,11 @@ class JobOrder:
             setattr(request, _RANKED_ARRIVAL_ATTR, arrival)
 
     @staticmethod
+    def has_credit(request: Request) -> bool:
+        """May the request use its job's pinned-job tier?"""
+        return getattr(request, _CREDIT_ATTR, False)
+
+    @staticmethod
     def ranked_arrival(request: Request) -> float:
         """The arrival the request ranks by (its own when it has no job)."""
         return getattr(request, _RANKED_ARRIVAL_ATTR, request.arrival_time)
@@ -72,7 +77,7 @@ class JobOrder:
     def queue_key(self, request: Request) -> PriorityKey:
         if request.status == RequestStatus.PREEMPTED:
             tier = TIER_PREEMPTED
-        elif getattr(request, _CREDIT_ATTR, False) and self._has_pin(request_meta(request).job_id):
+        elif self.has_credit(request) and self._has_pin(request_meta(request).job_id):
             tier = TIER_PINNED_JOB
         else:
             tier = TIER_REST

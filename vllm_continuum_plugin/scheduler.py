@@ -207,8 +207,11 @@ class ContinuumSchedulerMixin:
     def _reprioritize_job(self, job_id: str) -> None:
         waiting = self._waiting_by_job.get(job_id)
         if waiting:
-            self.waiting.reprioritize(waiting)
-            self.kv_holding_waiting.reprioritize(waiting)
+            # Only a request with its job's credit can change tier.
+            credited = [r for r in waiting if self.order.has_credit(r)]
+            if credited:
+                self.waiting.reprioritize(credited)
+                self.kv_holding_waiting.reprioritize(credited)
 
     def _order_running_for_preemption(self) -> None:
         """vLLM preempts ``running[-1]``: put the latest-arriving job that is
