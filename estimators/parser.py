@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from .native_calls import command_of, extract_native_calls, tool_key_of
 
 __all__ = [
+    "MAX_PARSED_CHARS",
     "NO_TOOL_KEY",
     "ToolCall",
+    "shell_call",
     "extract_tool_call",
     "is_finish_action",
     "split_commands",
@@ -41,6 +43,16 @@ __all__ = [
 # come back quickly after such turns (format error message), so they get a
 # history of their own instead of "no pin".
 NO_TOOL_KEY = "<no-tool>"
+# What is parsed of one command, and of one reply. Parsing runs on the
+# engine thread and its results are stored per job and per tool, so both
+# are bounded whatever a client sends or a model emits: a command is cut to
+# its first MAX_PARSED_CHARS characters (the program and its first
+# arguments decide its key and class), a reply to its last MAX_REPLY_CHARS
+# (the tool call sits at the end).
+MAX_PARSED_CHARS = 2048
+MAX_REPLY_CHARS = 16384
+# Longest history key kept (a program name can be a single huge word).
+MAX_KEY_CHARS = 128
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(
@@ -48,8 +60,10 @@ _FENCE = re.compile(
     re.DOTALL | re.IGNORECASE,
 )
 # Splits a command line into simple commands. Pipes are kept apart from the
-# sequencing operators because they pick a different "main" command.
-_SEQUENCE_SPLIT = re.compile(r"\s*(?:&&|\|\||;|\n)\s*")
+# sequencing operators because they pick a different "main" command. No
+# \s* around the operators: on a long run of spaces that backtracks
+# quadratically; pieces are stripped afterwards instead.
+_SEQUENCE_SPLIT = re.compile(r"&&|\|\||;|\n")
 _PIPE_SPLIT = re.compile(r"(?<!\|)\|(?!\|)")
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
 
@@ -88,6 +102,20 @@ class ToolCall:
     tool_key: str
     commands: tuple[str, ...] = field(default_factory=tuple)
     tool: str = "bash"
+
+
+def shell_call(command: str) -> ToolCall:
+    """The call of a shell command (a client's ``tool_command`` hint, a
+    fenced block, a native bash tool call), parsed from at most its first
+    ``MAX_PARSED_CHARS`` characters."""
+    command = command[:MAX_PARSED_CHARS]
+    return ToolCall(command, tool_key_for_command(command), tuple(split_commands(command)))
+
+
+def named_call(name: str, key: str | None = None) -> ToolCall:
+    """The call of a tool that is not a shell (by name, e.g. ``finish``)."""
+    name = name[:MAX_KEY_CHARS]
+    return ToolCall(name, (key or name)[:MAX_KEY_CHARS], (), tool=name)
 
 
 def strip_thinking(text: str) -> str:
@@ -206,20 +234,21 @@ def tool_key_for_command(command: str) -> str:
             if piece_key is not None:
                 key = piece_key
                 break
-    return key if key is not None else NO_TOOL_KEY
+    return key[:MAX_KEY_CHARS] if key is not None else NO_TOOL_KEY
 
 
 def extract_tool_call(text: str) -> ToolCall | None:
     """Return the tool call a reply ends with, or None when there is none."""
     if not text:
         return None
+    text = text[-MAX_REPLY_CHARS:]
     calls = extract_native_calls(text)
     if calls:
         last = calls[-1]
         command = command_of(last)
         if command is not None:
-            return ToolCall(command, tool_key_for_command(command), tuple(split_commands(command)))
-        return ToolCall(last.name, tool_key_of(last) or last.name, (), tool=last.name)
+            return shell_call(command)
+        return named_call(last.name, tool_key_of(last))
     answer = strip_thinking(text)
     blocks = [
         m.group(2).strip()
@@ -228,9 +257,4 @@ def extract_tool_call(text: str) -> ToolCall | None:
     ]
     if not blocks:
         return None
-    command = blocks[-1]
-    return ToolCall(
-        command=command,
-        tool_key=tool_key_for_command(command),
-        commands=tuple(split_commands(command)),
-    )
+    return shell_call(blocks[-1])

@@ -34,11 +34,29 @@ def test_parse_metadata_sources_and_defaults():
     {"job_id": "a", "expected_tool_seconds": -1}, {"job_id": "a", "tool_name": 5},
     # Control characters are reserved for implicit job ids: no client can name one.
     {"job_id": "\x00implicit-1"}, {"job_id": "a\nb"},
+    # msgspec cannot carry integers past 64 bits to the engine.
+    {"job_id": 10**29}, {"job_id": -(2**63) - 1},
+    # Hints are bounded: they are parsed on the engine thread and kept per job.
+    {"tool_command": " " * 16385}, {"tool_name": "x" * 257},
+    {"expected_tool_seconds": 10**400}, {"expected_tool_seconds": 1e308}, {"expected_tool_seconds": "9" * 400},
 ])
 def test_parse_metadata_rejects_malformed_fields(bad):
     with pytest.raises(MetadataError) as info:
         parse_metadata(bad)
     assert info.value.field in bad
+
+
+def test_errors_quote_long_values_in_part_and_ids_normalise_as_documented():
+    with pytest.raises(MetadataError) as info:
+        parse_metadata({"tool_command": "a" * 100_000})
+    assert "100000 characters" in str(info.value) and len(str(info.value)) < 300
+    with pytest.raises(MetadataError, match="30 digits"):
+        parse_metadata({"job_id": 10**29})
+    # One job: an integer and its digits; surrounding whitespace.
+    assert parse_metadata({"job_id": 17}).job_id == parse_metadata({"job_id": "17"}).job_id == "17"
+    assert parse_metadata({"job_id": " a "}).job_id == "a"
+    assert parse_metadata({"job_id": 2**63 - 1}).job_id == str(2**63 - 1)
+    assert parse_metadata({"tool_command": " " * 16384}).tool_command is None  # at the limit: accepted
 
 
 def test_api_patch_copies_top_level_fields_and_rejects_bad_ones():

@@ -91,3 +91,18 @@ def test_parse_rate_on_realistic_replies():
         "ls", "cat", "python -m pytest", "git log", None, None,
     ]
     assert strip_thinking("<think>a</think>b") == "b"
+
+
+def test_parsing_is_bounded_whatever_the_input():
+    from vllm_continuum_plugin.estimators.parser import MAX_PARSED_CHARS, shell_call
+
+    # A run of spaces used to backtrack quadratically in the sequence split;
+    # one huge word made shlex quadratic. Both are cut to what is parsed.
+    spaces = shell_call(" " * 400_000 + "&& ls")
+    assert len(spaces.command) == MAX_PARSED_CHARS and spaces.tool_key == NO_TOOL_KEY
+    word = shell_call("x" * 400_000)
+    assert len(word.command) == MAX_PARSED_CHARS and len(word.tool_key) <= 128
+    assert split_commands("ls" + " " * 5000 + "&&" + " " * 5000 + "pwd") == ["ls", "pwd"]
+    long_reply = "```bash\n" + "y" * 10_000 + "\n```"
+    call = extract_tool_call(long_reply)
+    assert call is not None and len(call.command) <= MAX_PARSED_CHARS

@@ -45,6 +45,13 @@ TOOL_COMMAND = "tool_command"
 EXPECTED_TOOL_SECONDS = "expected_tool_seconds"
 METADATA_FIELDS = (JOB_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS)
 MAX_JOB_ID_LENGTH = 256
+# Hints are parsed on the engine thread and kept per job: a request with a
+# longer one is rejected (HTTP 400 naming the field). A command longer than
+# the parser reads (``MAX_PARSED_CHARS``) is accepted and parsed in part.
+MAX_TOOL_COMMAND_CHARS = 16384
+MAX_TOOL_NAME_CHARS = 256
+# A week: longer is no tool time the plugin could use (and keeps sums finite).
+MAX_EXPECTED_TOOL_SECONDS = 7 * 24 * 3600.0
 
 
 class MetadataError(ValueError):
@@ -102,39 +109,55 @@ def parse_bool(value: Any, field: str) -> bool:
     raise MetadataError(field, value, 'a boolean: true/false, 1/0 or "true"/"false"')
 
 
-def parse_job_id(value: Any) -> str | None:
+def parse_job_id(value: Any, field: str = JOB_ID) -> str | None:
+    """A job id as the plugin keys it: the string, or an integer's decimal
+    digits (so ``17`` and ``"17"`` are one job), without surrounding
+    whitespace (``" a"`` and ``"a"`` are one job)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise MetadataError(JOB_ID, value, "a non-empty string (or an integer)")
-    text = str(value).strip()
+        raise MetadataError(field, _shown(value), "a non-empty string (or an integer)")
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise MetadataError(field, _shown(value), "an integer that fits in 64 bits (or a string)")
+    text = str(value).strip() if isinstance(value, int) or len(value) <= 4 * MAX_JOB_ID_LENGTH else value
     if not text or len(text) > MAX_JOB_ID_LENGTH or not text.isprintable():
         # (Non-printable characters are reserved: implicit job ids use them.)
         raise MetadataError(
-            JOB_ID, value, f"a non-empty printable string of at most {MAX_JOB_ID_LENGTH} characters"
+            field, _shown(value), f"a non-empty printable string of at most {MAX_JOB_ID_LENGTH} characters"
         )
     return text
 
 
-def _parse_optional_str(value: Any, field: str) -> str | None:
+def _parse_optional_str(value: Any, field: str, max_chars: int) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise MetadataError(field, value, "a string")
+    if not isinstance(value, str) or len(value) > max_chars:
+        raise MetadataError(field, _shown(value), f"a string of at most {max_chars} characters")
     return value.strip() or None
+
+
+def _shown(value: Any, limit: int = 64) -> Any:
+    """A value as an error message may quote it: long strings cut (with
+    their length), so a megabyte hint never reaches a log line whole."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]}... ({len(value)} characters)"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        return f"<integer of {len(str(abs(value)))} digits>"
+    return value
 
 
 def _parse_seconds(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise MetadataError(EXPECTED_TOOL_SECONDS, value, "a number of seconds >= 0")
+    expectation = f"a number of seconds in [0, {MAX_EXPECTED_TOOL_SECONDS:.0f}]"
+    if isinstance(value, bool) or (isinstance(value, str) and len(value) > 64):
+        raise MetadataError(EXPECTED_TOOL_SECONDS, _shown(value), expectation)
     try:
         seconds = float(value)
-    except (TypeError, ValueError):
-        raise MetadataError(EXPECTED_TOOL_SECONDS, value, "a number of seconds >= 0") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise MetadataError(EXPECTED_TOOL_SECONDS, value, "a number of seconds >= 0")
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit integer
+        raise MetadataError(EXPECTED_TOOL_SECONDS, _shown(value), expectation) from None
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_EXPECTED_TOOL_SECONDS:
+        raise MetadataError(EXPECTED_TOOL_SECONDS, _shown(value), expectation)
     return seconds
 
 
@@ -147,13 +170,13 @@ def parse_metadata(extra_args: Mapping[str, Any] | None, session_id: str | None 
     args = extra_args or {}
     job_id = parse_job_id(args.get(JOB_ID))
     if job_id is None and session_id:
-        job_id = parse_job_id(session_id)
+        job_id = parse_job_id(session_id, "session_id")
     raw_last = args.get(IS_LAST_STEP)
     is_last = False if raw_last is None else parse_bool(raw_last, IS_LAST_STEP)
     return JobMetadata(
         job_id=job_id,
         is_last_step=is_last,
-        tool_name=_parse_optional_str(args.get(TOOL_NAME), TOOL_NAME),
-        tool_command=_parse_optional_str(args.get(TOOL_COMMAND), TOOL_COMMAND),
+        tool_name=_parse_optional_str(args.get(TOOL_NAME), TOOL_NAME, MAX_TOOL_NAME_CHARS),
+        tool_command=_parse_optional_str(args.get(TOOL_COMMAND), TOOL_COMMAND, MAX_TOOL_COMMAND_CHARS),
         expected_tool_seconds=_parse_seconds(args.get(EXPECTED_TOOL_SECONDS)),
     )

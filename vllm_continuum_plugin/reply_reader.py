@@ -15,13 +15,14 @@ sits at the end).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.v1.request import Request, RequestStatus
 
-from .estimators.parser import ToolCall, extract_tool_call, split_commands, tool_key_for_command
+from .estimators.parser import MAX_PARSED_CHARS, ToolCall, extract_tool_call, shell_call
 from .metadata import JobMetadata
 
 logger = logging.getLogger("vllm.continuum_plugin")
@@ -42,6 +43,11 @@ def stop_token_ids(request: Request) -> frozenset[int]:
     if params.eos_token_id is not None:
         ids.add(params.eos_token_id)
     return frozenset(ids)
+
+
+# Agents re-run the same commands: a hint is parsed once. (Hints are at most
+# MAX_HINT_CHARS, parsed up to MAX_PARSED_CHARS: the cache is bounded in bytes.)
+_hinted_shell_call = functools.lru_cache(maxsize=1024)(shell_call)
 
 
 class ReplyReader:
@@ -127,8 +133,7 @@ class ReplyReader:
         """The tool the finished turn calls: client hints first, else parsed
         from the reply (decoded here unless a stop-string check already did)."""
         if meta.tool_command:
-            return ToolCall(meta.tool_command, tool_key_for_command(meta.tool_command),
-                            tuple(split_commands(meta.tool_command)))
+            return _hinted_shell_call(meta.tool_command[:MAX_PARSED_CHARS])
         if meta.tool_name:
             return ToolCall(meta.tool_name, meta.tool_name, (meta.tool_name,))
         if reply_text is None and request.num_output_tokens > 0:
