@@ -239,11 +239,10 @@ def test_malformed_metadata_in_engine_serves_request_untagged(caplog):
 
 def test_booleans_as_strings_and_ints_are_understood():
     s = make_scheduler(num_blocks=64)
-    for i, flag in enumerate(["false", 0, "0", False]):
-        first_turn(s, f"j{i}", extra={"is_last_step": flag})
+    turns = [first_turn(s, f"j{i}", extra={"is_last_step": flag}) for i, flag in enumerate(["false", 0, "0", False])]
     assert len(s.pins) == 4
     for i, flag in enumerate(["true", 1, "TRUE", True]):
-        r = make_request(prompt_of(i, 30), job_id=f"j{i}", is_last_step=flag)
+        r = make_request(next_turn_prompt(*turns[i]), job_id=f"j{i}", is_last_step=flag)
         s.add_request(r)
         run_until_finished(s, [r])
     assert_all_blocks_free(s)
@@ -303,14 +302,31 @@ def test_job_fcfs_queue_order_and_pinned_jobs_first():
 def test_preemption_victim_is_latest_job_not_on_last_step():
     s = make_scheduler(num_blocks=30, max_num_seqs=3, continuum={"max_pinned_fraction": 0.01})
     t = s.clock.time()
+    prompt, first = first_turn(s, "late-last", length=60, arrival_time=t - 10)  # a job with a turn behind it
     early = make_request(prompt_of(1, 100), max_tokens=120, job_id="early", arrival_time=t - 30)
-    late_last = make_request(prompt_of(2, 100), max_tokens=120, job_id="late-last", is_last_step=True, arrival_time=t - 10)
+    late_last = make_request(next_turn_prompt(prompt, first), max_tokens=120, job_id="late-last",
+                             is_last_step=True, arrival_time=t - 1)
     middle = make_request(prompt_of(3, 100), max_tokens=120, job_id="middle", arrival_time=t - 20)
     for r in (early, late_last, middle):
         s.add_request(r)
     run_until_finished(s, [early, late_last, middle], max_steps=3000)
     assert late_last.num_preemptions == 0 and early.num_preemptions == 0
     assert middle.num_preemptions >= 1
+    assert_all_blocks_free(s)
+
+
+def test_a_last_step_flag_alone_does_not_protect_from_preemption():
+    # Any client can flag every request as a last step; only the last turn
+    # of a job with finished turns goes after the others.
+    s = make_scheduler(num_blocks=30, max_num_seqs=3, continuum={"max_pinned_fraction": 0.01})
+    t = s.clock.time()
+    early = make_request(prompt_of(1, 100), max_tokens=120, job_id="early", arrival_time=t - 30)
+    middle = make_request(prompt_of(3, 100), max_tokens=120, arrival_time=t - 20)
+    flagged = make_request(prompt_of(2, 100), max_tokens=120, job_id="fresh", is_last_step=True, arrival_time=t - 10)
+    for r in (early, middle, flagged):
+        s.add_request(r)
+    run_until_finished(s, [early, middle, flagged], max_steps=3000)
+    assert flagged.num_preemptions >= 1 and early.num_preemptions == 0 and middle.num_preemptions == 0
     assert_all_blocks_free(s)
 
 
@@ -596,4 +612,33 @@ def test_a_job_idle_longer_than_the_reset_ranks_as_a_new_arrival():
     assert s.order.queue_key(back) > s.order.queue_key(newer)
     _drain(s, [blocker, newer, back])
     assert newer.num_computed_tokens and back.num_computed_tokens
+    assert_all_blocks_free(s)
+
+
+def test_a_second_client_naming_a_job_id_cannot_take_or_end_its_pin():
+    s = make_scheduler(num_blocks=96, continuum={"default_ttl_s": 60})
+    prompt, r1 = first_turn(s, "victim")
+    pinned = s.pins.get("victim")
+    # Another client's requests under the same id, with a context of its own:
+    # a non-final turn, a last step and an abort. None of them touches the pin.
+    other = make_request(prompt_of(77, 100), max_tokens=4, job_id="victim", is_last_step=False)
+    s.add_request(other)
+    assert s.order.queue_key(other)[0] == 2  # no pinned-job tier on someone else's pin
+    run_until_finished(s, [other])
+    last = make_request(prompt_of(78, 100), max_tokens=4, job_id="victim", is_last_step=True)
+    s.add_request(last)
+    run_until_finished(s, [last])
+    aborted = make_request(prompt_of(79, 100), max_tokens=50, job_id="victim", is_last_step=False)
+    s.add_request(aborted)
+    step(s)
+    s.finish_requests(aborted.request_id, RequestStatus.FINISHED_ABORTED)
+    assert s.pins.get("victim") is pinned
+    snap = s.continuum_metrics.snapshot()
+    assert snap["pins_released"]["handoff"] == snap["pins_released"]["last_step"] == 0
+    # The owner's next turn still finds its context and takes the pin over.
+    r2 = make_request(next_turn_prompt(prompt, r1), job_id="victim", is_last_step=True)
+    s.add_request(r2)
+    assert admitted_cached_tokens(step(s), r2) == pinned.num_blocks * BLOCK
+    run_until_finished(s, [r2])
+    assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] == 1
     assert_all_blocks_free(s)

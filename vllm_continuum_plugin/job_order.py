@@ -19,8 +19,10 @@ and its concurrent requests all share it. The rule (README, "Job order"):
 
 Waiting queue key (smallest first): ``(tier, ranked arrival, own arrival)``
 with tiers preempted < pinned job < rest. Preemption order: vLLM preempts
-``running[-1]``, which ``running_key`` makes the latest-ranked request not on
-its job's last step.
+``running[-1]``, which ``running_key`` makes the latest-ranked request, a
+job's last step going after the others only when it has the credit and its
+job has finished turns before (a flag alone protects nothing: any client can
+set it on every request).
 
 Invariant: a request's ranked arrival is fixed when it arrives (``credit``)
 and lies in ``[own arrival - window_s, own arrival]``; only its tier changes
@@ -44,13 +46,14 @@ TIER_PREEMPTED, TIER_PINNED_JOB, TIER_REST = 0, 1, 2
 _RANKED_ARRIVAL_ATTR = "_continuum_job_arrival"
 _CREDIT_ATTR = "_continuum_job_credit"
 _RUN_KEY_ATTR = "_continuum_run_key"
+_VETERAN_ATTR = "_continuum_job_veteran"
 
 
 class JobOrder:
-    """Ranks requests by job (see module doc); ``has_pin(job_id)`` tells
-    whether the job's KV is pinned now."""
+    """Ranks requests by job (see module doc); ``has_pin(request)`` tells
+    whether the request's job holds a pin the request continues."""
 
-    def __init__(self, window_s: float, has_pin: Callable[[str | None], bool]) -> None:
+    def __init__(self, window_s: float, has_pin: Callable[[Request], bool]) -> None:
         self.window_s = window_s
         self._has_pin = has_pin
 
@@ -61,6 +64,7 @@ class JobOrder:
         if job.in_flight == 1:
             setattr(request, _RANKED_ARRIVAL_ATTR, max(job.first_arrival, arrival - self.window_s))
             setattr(request, _CREDIT_ATTR, arrival - job.first_arrival <= self.window_s)
+            setattr(request, _VETERAN_ATTR, job.turns_finished > 0)
         else:
             setattr(request, _RANKED_ARRIVAL_ATTR, arrival)
 
@@ -77,7 +81,7 @@ class JobOrder:
     def queue_key(self, request: Request) -> PriorityKey:
         if request.status == RequestStatus.PREEMPTED:
             tier = TIER_PREEMPTED
-        elif self.has_credit(request) and self._has_pin(request_meta(request).job_id):
+        elif self.has_credit(request) and self._has_pin(request):
             tier = TIER_PINNED_JOB
         else:
             tier = TIER_REST
@@ -86,6 +90,7 @@ class JobOrder:
     def running_key(self, request: Request) -> tuple[bool, float, float]:
         key = getattr(request, _RUN_KEY_ATTR, None)
         if key is None:  # computed once per request: its ranked arrival is fixed
-            key = (not request_meta(request).is_last_step, self.ranked_arrival(request), request.arrival_time)
+            protected = request_meta(request).is_last_step and getattr(request, _VETERAN_ATTR, False)
+            key = (not protected, self.ranked_arrival(request), request.arrival_time)
             setattr(request, _RUN_KEY_ATTR, key)
         return key

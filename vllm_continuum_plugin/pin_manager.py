@@ -39,6 +39,12 @@ logger = logging.getLogger("vllm.continuum_plugin")
 __all__ = ["PinManager"]
 
 
+def _prompt_anchor(request: Any, block_size: int) -> tuple[int, Any] | None:
+    """(index, hash) of the last full block of ``request``'s prompt."""
+    index = min(request.num_prompt_tokens // block_size, len(request.block_hashes)) - 1
+    return (index, request.block_hashes[index]) if index >= 0 else None
+
+
 class PinManager:
     """Pins of finished turns over vLLM's KV cache manager (see module doc)."""
 
@@ -51,8 +57,11 @@ class PinManager:
         offload: Any = None,
         on_pins_changed: Callable[[str], None] = lambda job_id: None,
         has_waiting_turn: Callable[[str], bool] = lambda job_id: False,
+        block_size: int = 16,
     ) -> None:
         self._kv_cache_manager = kv_cache_manager
+        # Tokens per block of the requests' block hashes (pin anchors).
+        self._block_size = block_size
         self.max_pinned_blocks = max_pinned_blocks
         self._metrics = metrics
         self.clock = clock
@@ -128,6 +137,7 @@ class PinManager:
             ttl_s=ttl_s,
             tool_key=tool_key,
             speed=speed,
+            anchor=_prompt_anchor(request, self._block_size),
         )
         self.table.add(pin)
         self._on_pins_changed(job_id)

@@ -27,7 +27,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Pin", "PinTable"]
+__all__ = ["Pin", "PinTable", "continues"]
 
 
 @dataclass(eq=False)
@@ -45,10 +45,25 @@ class Pin:
     tool_key: str
     # ContextServe's class of the tool ("fast" / "uncertain"), else None.
     speed: str | None = None
+    # (index, hash) of the last full block of the finished turn's prompt:
+    # a request continues this job's context (and may take the pin over or
+    # end it) only if its own block hash at that index is the same. None: a
+    # prompt shorter than one block, nothing to check.
+    anchor: tuple[int, Any] | None = None
     num_blocks: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.num_blocks = sum(len(g) for g in self.blocks_by_group)
+
+
+def continues(pin: Pin, block_hashes: Any) -> bool:
+    """Does a request with these block hashes continue the context ``pin``
+    holds (its prompt starts with the pinned turn's prompt)? O(1): block
+    hashes chain, so one equal hash means an equal prefix."""
+    if pin.anchor is None:
+        return True
+    index, block_hash = pin.anchor
+    return index < len(block_hashes) and block_hashes[index] == block_hash
 
 
 class PinTable:

@@ -72,6 +72,7 @@ from .job_order import JobOrder
 from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata, request_meta, set_request_meta
 from .metrics import EngineMetrics
 from .pin_manager import PinManager
+from .pin_table import continues
 from .registration import PLUGIN_POLICIES
 from .reply_reader import ReplyReader, stop_token_ids
 from .wakeup import ExpiryWaker, find_engine_input_queue
@@ -155,7 +156,7 @@ class ContinuumSchedulerMixin:
         block_pool = self.kv_cache_manager.block_pool
         usable_blocks = max(0, block_pool.num_gpu_blocks - 1)  # minus the null block
 
-        self.order = JobOrder(cfg.job_priority_window_s, has_pin=lambda job_id: job_id in self.pins)
+        self.order = JobOrder(cfg.job_priority_window_s, has_pin=self._continues_pin)
         self.waiting = ContinuumRequestQueue(self.order.queue_key)
         self.kv_holding_waiting = ContinuumRequestQueue(self.order.queue_key)
         self._waiting_by_job: dict[str, set[Request]] = {}
@@ -177,7 +178,8 @@ class ContinuumSchedulerMixin:
             clock=clock,
             offload=self.offload,
             on_pins_changed=self._reprioritize_job,
-            has_waiting_turn=lambda job_id: bool(self._waiting_by_job.get(job_id)),
+            has_waiting_turn=self._has_waiting_turn,
+            block_size=self.block_size,
         )
         self._wrap_allocate_slots()
         logger.info(
@@ -204,6 +206,19 @@ class ContinuumSchedulerMixin:
     # ------------------------------------------------------------------
     # Queue ordering (the rule lives in JobOrder)
     # ------------------------------------------------------------------
+    def _continues_pin(self, request: Request) -> bool:
+        """Does ``request`` continue the context its job's pin holds? A job
+        id belongs to nobody: a request that merely names it (another
+        client's, a branched conversation) must not take the pin over, end
+        it or jump the queue on it."""
+        job_id = request_meta(request).job_id
+        pin = self.pins.get(job_id) if job_id is not None else None
+        return pin is not None and continues(pin, request.block_hashes)
+
+    def _has_waiting_turn(self, job_id: str) -> bool:
+        """A waiting request continues the job's pin (keep it past its deadline)."""
+        return any(self._continues_pin(r) for r in self._waiting_by_job.get(job_id, ()))
+
     def _reprioritize_job(self, job_id: str) -> None:
         waiting = self._waiting_by_job.get(job_id)
         if waiting:
@@ -327,7 +342,7 @@ class ContinuumSchedulerMixin:
                 # store's entries of the job are plain LRU entries from now.
                 self.offload.end_hold(job_id)
             pin = self.pins.get(job_id)
-            if pin is not None:
+            if pin is not None and continues(pin, request.block_hashes):
                 # The pin holds the job's previous prefix, so a hit covers the
                 # pinned blocks first (group 0: the full-attention prefix).
                 pinned_tokens = len(pin.blocks_by_group[0]) * self.block_size if pin.blocks_by_group else 0
@@ -434,8 +449,17 @@ class ContinuumSchedulerMixin:
             "continuum: job %s request %s tool %r -> ttl %.3fs (%s)",
             job_id, request.request_id, tool_key, decision.ttl_s, decision.source,
         )
-        # A newer turn supersedes the job's older pin (overlapping turns).
-        self.pins.release(job_id, "handoff")
+        # A newer turn of the same context supersedes the job's older pin
+        # (overlapping turns); a request that only names the job does not
+        # touch another context's pin and is served as stock.
+        older = self.pins.get(job_id)
+        if older is not None:
+            if not continues(older, request.block_hashes):
+                logger.debug("continuum: request %s names job %s but does not continue its pin; not pinned",
+                             request.request_id, job_id)
+                super()._free_request_blocks(request)  # type: ignore[misc]
+                return
+            self.pins.release(job_id, "handoff")
         if decision.ttl_s <= 0:
             self.continuum_metrics.on_ttl_decision(0.0)
             if self.offload is not None:  # SLOW tool: reload later, not recompute
@@ -458,7 +482,9 @@ class ContinuumSchedulerMixin:
         if self.implicit_jobs is not None:
             # An aborted implicit turn is not retried by prefix: its job ends too.
             self.implicit_jobs.forget(job_id)
-        self.pins.release(job_id, _RELEASE_REASON_AT_END[last])
+        pin = self.pins.get(job_id)
+        if pin is not None and continues(pin, request.block_hashes):
+            self.pins.release(job_id, _RELEASE_REASON_AT_END[last])
         if self.offload is not None:
             # Nobody reloads a finished job's context: its stored blocks go
             # first. (An aborted turn may be retried: keep them.)
