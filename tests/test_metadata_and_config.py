@@ -78,6 +78,31 @@ def test_api_patch_copies_top_level_fields_and_rejects_bad_ones():
     assert not plain.to_sampling_params(16, {}).extra_args
 
 
+def test_api_patch_covers_responses_and_session_ids():
+    from vllm.entrypoints.generate.base.serving import GenerateBaseServing
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+    from vllm.exceptions import VLLMValidationError
+
+    from vllm_continuum_plugin.registration import register
+
+    register()
+    with pytest.raises(VLLMValidationError, match="job_id"):
+        ResponsesRequest(model="m", input="hi", job_id=10**29).to_sampling_params(16, {})
+    params = ResponsesRequest(model="m", input="hi", job_id="r1").to_sampling_params(16, {})
+    assert params.extra_args["job_id"] == "r1"
+    messages = [{"role": "user", "content": "hi"}]
+    # A session id becomes the job id when there is none: validated like one.
+    with pytest.raises(VLLMValidationError, match="session_id"):
+        GenerateBaseServing._get_session_id(ChatCompletionRequest(model="m", messages=messages,
+                                                                  session_id="s" * 300), None)
+    ok = ChatCompletionRequest(model="m", messages=messages, session_id="sess-1")
+    assert GenerateBaseServing._get_session_id(ok, None) == "sess-1"
+    # With a job id the session id is vLLM's own business.
+    with_job = ChatCompletionRequest(model="m", messages=messages, session_id="s" * 300, job_id="j")
+    assert GenerateBaseServing._get_session_id(with_job, None) == "s" * 300
+
+
 def test_config_precedence_env_then_additional_config():
     env = {"CONTINUUM_DEFAULT_TTL_S": "5", "CONTINUUM_TTL_POLICY": "fixed", "CONTINUUM_PIN_ON_STOP_STRING": "off"}
     cfg = load_config({"continuum": {"default_ttl_s": 7}}, environ=env)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .metadata import METADATA_FIELDS, MetadataError, parse_metadata
+from .metadata import JOB_ID, METADATA_FIELDS, MetadataError, parse_job_id, parse_metadata
 
-__all__ = ["PATCHED_ATTR", "patch_request_class"]
+__all__ = ["PATCHED_ATTR", "patch_request_class", "patch_session_lookup"]
 
 PATCHED_ATTR = "_continuum_patched"
 
@@ -59,3 +59,33 @@ def patch_request_class(cls: type) -> None:
 
     setattr(to_sampling_params, PATCHED_ATTR, True)
     cls.to_sampling_params = to_sampling_params
+
+
+def _names_job_id(request: Any) -> bool:
+    extra_fields = getattr(request, "model_extra", None) or {}
+    xargs = getattr(request, "vllm_xargs", None) or {}
+    return extra_fields.get(JOB_ID) is not None or xargs.get(JOB_ID) is not None
+
+
+def patch_session_lookup(cls: type) -> None:
+    """Validate the session id vLLM found (body ``session_id``,
+    ``X-Session-ID`` header, ``vllm_xargs.session_id``) when it becomes the
+    job id (no ``job_id`` given): a bad one is an HTTP 400 naming
+    ``session_id``, not a request silently served untagged."""
+    original = cls.__dict__.get("_get_session_id")
+    if not isinstance(original, staticmethod) or getattr(original.__func__, PATCHED_ATTR, False):
+        return
+    lookup = original.__func__
+
+    @functools.wraps(lookup)
+    def _get_session_id(request: Any, raw_request: Any) -> Any:
+        value = lookup(request, raw_request)
+        if value is not None and not _names_job_id(request):
+            try:
+                parse_job_id(value, "session_id")
+            except MetadataError as e:
+                raise _validation_error(e) from None
+        return value
+
+    setattr(_get_session_id, PATCHED_ATTR, True)
+    cls._get_session_id = staticmethod(_get_session_id)

@@ -141,10 +141,18 @@ def _register_connector() -> None:
 def _patch_protocol(module: ModuleType) -> None:
     from .api_metadata import patch_request_class
 
-    for name in ("ChatCompletionRequest", "CompletionRequest"):
+    for name in ("ChatCompletionRequest", "CompletionRequest", "ResponsesRequest"):
         cls = getattr(module, name, None)
         if isinstance(cls, type):
             patch_request_class(cls)
+
+
+def _patch_session_lookup(module: ModuleType) -> None:
+    from .api_metadata import patch_session_lookup
+
+    cls = getattr(module, "GenerateBaseServing", None)
+    if isinstance(cls, type):
+        patch_session_lookup(cls)
 
 
 def _patch_metrics_router(module: ModuleType) -> None:
@@ -172,6 +180,8 @@ _POST_IMPORT_PATCHES.update(
     {
         "vllm.entrypoints.openai.chat_completion.protocol": _patch_protocol,
         "vllm.entrypoints.openai.completion.protocol": _patch_protocol,
+        "vllm.entrypoints.openai.responses.protocol": _patch_protocol,
+        "vllm.entrypoints.generate.base.serving": _patch_session_lookup,
         "vllm.entrypoints.serve.instrumentator.metrics": _patch_metrics_router,
     }
 )
