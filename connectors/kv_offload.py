@@ -301,6 +301,23 @@ def _world_size(vllm_config: Any) -> int:
 # ----------------------------------------------------------------------
 # The connector
 # ----------------------------------------------------------------------
+def _recompute_failed_loads(vllm_config: Any) -> None:
+    """The store is a cache: a block it promised but cannot deliver is a
+    miss, recomputed, never a failed request. vLLM's default policy is
+    ``fail`` (``KVTransferConfig.kv_load_failure_policy``) and the scheduler
+    reads it right after building its connector, so the connector switches
+    it to ``recompute`` here (logged; the setting has no other meaning for
+    this connector)."""
+    config = vllm_config.kv_transfer_config
+    if getattr(config, "kv_load_failure_policy", "recompute") != "recompute":
+        logger.info(
+            "ContinuumOffloadConnector: kv_load_failure_policy=%r -> 'recompute' "
+            "(a block the CPU store cannot deliver is recomputed)",
+            config.kv_load_failure_policy,
+        )
+        config.kv_load_failure_policy = "recompute"
+
+
 class ContinuumOffloadConnector(KVConnectorBase_V1):
     """CPU offload of KV blocks keyed by block hash (see module doc)."""
 
@@ -341,6 +358,7 @@ class ContinuumOffloadConnector(KVConnectorBase_V1):
         self._sched: _SchedulerSide | None = None
         self._worker: _WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
+            _recompute_failed_loads(vllm_config)
             self._sched = _SchedulerSide(self, vllm_config, kv_cache_config)
         else:
             self._worker = _WorkerSide(self, vllm_config, kv_cache_config)

@@ -823,6 +823,30 @@ def test_e_continuum_turn_after_an_expired_pin_reloads(tiny):
     _assert_nothing_leaked(llm)
 
 
+def test_g_a_load_the_store_cannot_serve_is_recomputed_not_failed(tiny):
+    """vLLM's default kv_load_failure_policy is "fail"; the connector makes
+    a block its store promised but lost a recompute: the request completes
+    with exactly the tokens of a cold run."""
+    llm = tiny
+    sched = _sched(llm)
+    conn = sched.connector
+    assert sched.recompute_kv_load_failures
+    prompt = _random_prompts(1, 200, seed=21)[0]
+    cold = llm.generate([_ids(prompt)], _greedy(8, None), use_tqdm=False)[0]
+    assert llm.reset_prefix_cache()
+    store = _worker_connector().worker_store
+    lost = [key for key in store.keys_lru() if key in conn.index][:3]
+    assert lost
+    for key in lost:  # the worker's copy is gone; the index still promises it
+        store.discard(key)
+    failed = conn.totals().get("load_failed_blocks", 0)
+    warm = llm.generate([_ids(prompt)], _greedy(8, None), use_tqdm=False)[0]
+    assert warm.outputs[0].finish_reason == "length"
+    assert list(warm.outputs[0].token_ids) == list(cold.outputs[0].token_ids)
+    assert conn.totals().get("load_failed_blocks", 0) > failed
+    _assert_nothing_leaked(llm)
+
+
 def test_f_store_holds_a_waiting_jobs_blocks_through_a_flood(tiny):
     """Blocks of a job whose pin lapsed are held in the store for its next
     turn: a flood bigger than the store evicts everything else, and the
