@@ -382,14 +382,22 @@ class CPUStore:
             victims.append(key)
             room += entry.nbytes
         if room < nbytes and self._num_held:
-            for _, key in self._live_holds():
-                if room >= nbytes:
-                    break
-                entry = self._entries[key]
-                if entry.pins:
+            # Earliest deadline first, straight off the heap: O(k log n) for
+            # k victims, never a sort of every hold.
+            skipped: list[tuple[float, int, Hashable]] = []
+            holds = self._holds
+            while room < nbytes and holds:
+                t = heapq.heappop(holds)
+                if not self._live(t):
                     continue
-                victims.append(key)
+                entry = self._entries[t[2]]
+                if entry.pins:
+                    skipped.append(t)
+                    continue
+                victims.append(t[2])
                 room += entry.nbytes
+            for t in skipped:
+                heapq.heappush(holds, t)
         for key in victims:
             self._evict(key, self._entries[key])
         return victims

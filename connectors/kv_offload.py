@@ -161,6 +161,11 @@ class OffloadSettings:
     # How long blocks handed over for a job that expects its next turn are
     # kept ahead of plain LRU entries (ends early at the turn or job end).
     hold_seconds: float = DEFAULT_HOLD_SECONDS
+    # Largest share of the store that holds may take, in all and per job:
+    # beyond it a job's blocks are stored as plain LRU entries, so no client
+    # (e.g. one claiming hour-long tools on every turn) can take the store.
+    max_held_fraction: float = 0.5
+    max_job_held_fraction: float = 0.25
     lmcache_config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -168,7 +173,7 @@ class OffloadSettings:
         extra = dict(extra or {})
         known = {
             "cpu_bytes", "store_mode", "store_backend", "min_load_blocks", "hold_seconds",
-            "lmcache_config",
+            "max_held_fraction", "max_job_held_fraction", "lmcache_config",
         }
         unknown = sorted(set(extra) - known)
         if unknown:
@@ -188,6 +193,11 @@ class OffloadSettings:
         cpu_bytes = number("cpu_bytes", DEFAULT_CPU_BYTES, lambda v: int(float(v)))
         min_load_blocks = number("min_load_blocks", 1, int)
         hold_seconds = number("hold_seconds", DEFAULT_HOLD_SECONDS, float)
+        max_held = number("max_held_fraction", 0.5, float)
+        max_job_held = number("max_job_held_fraction", 0.25, float)
+        for name, value in (("max_held_fraction", max_held), ("max_job_held_fraction", max_job_held)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"ContinuumOffloadConnector: {name} must be in [0, 1], got {value!r}")
         store_mode = str(extra.get("store_mode", "eager"))
         store_backend = str(extra.get("store_backend", "cpu"))
         if cpu_bytes < 0:
@@ -214,6 +224,8 @@ class OffloadSettings:
             store_backend=store_backend,
             min_load_blocks=max(1, min_load_blocks),
             hold_seconds=hold_seconds,
+            max_held_fraction=max_held,
+            max_job_held_fraction=max_job_held,
             lmcache_config=dict(lmcache_config),
         )
 
@@ -819,33 +831,49 @@ class _SchedulerSide:
     def save_blocks(self, blocks: Iterable[Any], hold_job: str | None = None) -> int:
         if not self.conn._enabled:
             return 0
-        held: set[bytes] | None = None
+        blocks = [b for b in blocks if getattr(b, "block_hash", None) is not None
+                  and not getattr(b, "is_null", False) and b.block_id > 0]
+        held: dict[bytes, None] | None = None
         until = 0.0
+        index = self.index
+        # Blocks [0, num_held) are held for the job (the head: what a reload
+        # needs first), the rest are plain LRU entries.
+        num_held = 0
         if hold_job is not None and self.hold_seconds > 0:
             until = time.monotonic() + self.hold_seconds
             held = self.job_holds.get(hold_job, (0.0, {}))[1]
             self.job_holds[hold_job] = (until, held)
+            num_held = min(len(blocks), self._hold_room(held))
         n = 0
-        index = self.index
         # Blocks come in prefix order; tail first, so the head ends most
         # recently used and, among held entries, is evicted last.
-        for block in reversed(list(blocks)):
-            block_hash = getattr(block, "block_hash", None)
-            if block_hash is None or getattr(block, "is_null", False) or block.block_id <= 0:
-                continue
-            key = _block_key(block_hash)
-            if held is not None:
-                held[key] = None
+        for i in range(len(blocks) - 1, -1, -1):
+            block = blocks[i]
+            key = _block_key(block.block_hash)
+            hold = held is not None and (i < num_held or key in held)
+            if hold:
+                held[key] = None  # type: ignore[index]
             if key in index:
                 index.touch(key)
-                if held is not None:
+                if hold:
                     index.hold(key, until)
                 continue
             self.pending_pre_stores.append((key, block.block_id))
-            if held is not None:
+            if hold:
                 self.pending_holds[key] = until
             n += 1
         return n
+
+    def _hold_room(self, job_held: dict[bytes, None]) -> int:
+        """Blocks that may still be held for a job holding ``job_held``:
+        within ``max_job_held_fraction`` of the store for the job and
+        ``max_held_fraction`` for all jobs (pending holds included)."""
+        settings = self.conn.settings
+        capacity = self.index.capacity_bytes
+        block = max(1, self.block_bytes)
+        job_room = int(settings.max_job_held_fraction * capacity) // block - len(job_held)
+        total_room = (int(settings.max_held_fraction * capacity) - self.index.held_bytes) // block
+        return max(0, min(job_room, total_room - len(self.pending_holds)))
 
     def save_request(self, request: Any, hold_job: str | None = None) -> int:
         blocks = self._request_blocks(request)

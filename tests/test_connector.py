@@ -383,6 +383,24 @@ def test_job_holds_end_at_the_next_turn_and_a_finished_job_goes_first():
     assert index.num_held == 0
 
 
+def test_holds_are_capped_per_job_and_in_all():
+    """A client claiming hour-long tools on every turn cannot take the
+    store: a job's holds stop at max_job_held_fraction (its chain's head is
+    what stays held), all jobs' at max_held_fraction."""
+    side = kv_offload._SchedulerSide(_FakeSchedConn(_Manager({})), None, None)  # 100 one-byte blocks
+    index = side.index
+    chains = {job: [_Block(f"{job}-{i}", 10 + 40 * n + i) for i in range(40)] for n, job in enumerate("abc")}
+    for job, blocks in chains.items():
+        for b in blocks:
+            index.put(b.key, None, nbytes=1) if len(index) < 100 else None
+    for job in "abc":
+        side.save_blocks([b for b in chains[job] if b.key in index], hold_job=job)
+    held = {job: [b for b in chains[job] if index.is_held(b.key)] for job in "abc"}
+    assert len(held["a"]) == 25 and held["a"] == chains["a"][:25]  # the head
+    assert len(held["b"]) == 25 and held["c"] == []  # 50 in all
+    assert index.held_bytes == 50
+
+
 def test_blocks_not_yet_stored_are_held_once_admitted():
     from types import SimpleNamespace
 
@@ -843,6 +861,8 @@ def test_g_a_load_the_store_cannot_serve_is_recomputed_not_failed(tiny):
     warm = llm.generate([_ids(prompt)], _greedy(8, None), use_tqdm=False)[0]
     assert warm.outputs[0].finish_reason == "length"
     assert list(warm.outputs[0].token_ids) == list(cold.outputs[0].token_ids)
+    # (Worker counters reach the scheduler with the next step's output.)
+    llm.generate([_ids(_random_prompts(1, 8, seed=22)[0])], _greedy(1, None), use_tqdm=False)
     assert conn.totals().get("load_failed_blocks", 0) > failed
     _assert_nothing_leaked(llm)
 
