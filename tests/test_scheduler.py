@@ -642,3 +642,39 @@ def test_a_second_client_naming_a_job_id_cannot_take_or_end_its_pin():
     run_until_finished(s, [r2])
     assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] == 1
     assert_all_blocks_free(s)
+
+
+def test_pins_work_when_vllm_defers_block_frees():
+    # GPU default with an offload connector: async scheduling + a KV-consumer
+    # connector make vLLM defer block frees (an in-flight step may still
+    # write them). A turn that stops while the next step is already
+    # scheduled is pinned all the same; blocks leaving the pin before that
+    # step is processed go through vLLM's deferred frees, never straight
+    # back to the pool.
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    s = make_scheduler(num_blocks=64, async_scheduling=True, continuum={"default_ttl_s": 5.0})
+    s.defer_block_free = True
+    r = make_request(prompt_of(5, 100), max_tokens=8, job_id="a", is_last_step=False)
+    r.sampling_params.ignore_eos = False
+    r.sampling_params.stop_token_ids = [99]
+    s.add_request(r)
+
+    def output(out, token):
+        ids = list(out.num_scheduled_tokens)
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)},
+                                 sampled_token_ids=[[token] for _ in ids])
+
+    out1 = s.schedule()  # prefill
+    out2 = s.schedule()  # the next step is scheduled before step 1's output is known
+    assert r.last_sched_seq == 2 and s.processed_step_seq == 0
+    s.update_from_output(out1, output(out1, 99))  # step 1 sampled the stop token
+    assert r.is_finished() and "a" in s.pins  # pinned although its free is deferred
+    assert s.pins.get("a").fence == 2
+    free_before = free_blocks(s)
+    s.clock.advance(6.0)  # the pin lapses before step 2 is processed
+    s.pins.release_expired()
+    assert "a" not in s.pins and free_blocks(s) == free_before  # deferred, not freed
+    s.update_from_output(out2, output(out2, 7))  # step 2 done: vLLM drains its deferred frees
+    step(s)
+    assert_all_blocks_free(s)

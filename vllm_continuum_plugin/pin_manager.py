@@ -58,8 +58,15 @@ class PinManager:
         on_pins_changed: Callable[[str], None] = lambda job_id: None,
         has_waiting_turn: Callable[[str], bool] = lambda job_id: False,
         block_size: int = 16,
+        free_blocks: Callable[[list[Any], int | None], None] | None = None,
     ) -> None:
         self._kv_cache_manager = kv_cache_manager
+        # Returns blocks (allocation order) to the pool; the second argument
+        # is the step that may still write them (vLLM's deferred frees), or
+        # None.
+        self._free_blocks = free_blocks or (
+            lambda blocks, fence: kv_cache_manager.block_pool.free_blocks(reversed(blocks))
+        )
         # Tokens per block of the requests' block hashes (pin anchors).
         self._block_size = block_size
         self.max_pinned_blocks = max_pinned_blocks
@@ -107,10 +114,16 @@ class PinManager:
         ttl_s: float,
         tool_key: str,
         speed: str | None = None,
+        fence: int | None = None,
     ) -> Pin | None:
         """Take the finished ``request``'s blocks out of its KV managers and
         pin the hashed ones for ``ttl_s``; the rest is freed at once. Returns
-        None when nothing could be pinned (no full block, or no room)."""
+        None when nothing could be pinned (no full block, or no room).
+
+        ``fence``: the step that may still write these blocks (vLLM defers
+        frees with async scheduling and a KV-consumer connector). Holding
+        them in a pin is safe; whatever leaves the pin before that step is
+        processed goes through vLLM's deferred frees."""
         keep_by_group: list[list[Any]] = []
         for manager in self._kv_cache_manager.coordinator.single_type_managers:
             blocks = manager.pop_blocks_for_free(request.request_id)
@@ -120,9 +133,9 @@ class PinManager:
             keep_ids = {id(b) for b in keep}
             drop = [b for b in blocks if id(b) not in keep_ids]
             if drop:
-                manager.block_pool.free_blocks(reversed(drop))
+                self._free_blocks(drop, fence)
             keep_by_group.append(keep)
-        keep_by_group = self._fit_under_cap(keep_by_group, job_id, job_first_arrival)
+        keep_by_group = self._fit_under_cap(keep_by_group, job_id, job_first_arrival, fence)
         if not any(keep_by_group):
             self._metrics.on_ttl_decision(0.0)
             return None
@@ -138,6 +151,7 @@ class PinManager:
             tool_key=tool_key,
             speed=speed,
             anchor=_prompt_anchor(request, self._block_size),
+            fence=fence,
         )
         self.table.add(pin)
         self._on_pins_changed(job_id)
@@ -149,7 +163,7 @@ class PinManager:
         return pin
 
     def _fit_under_cap(
-        self, keep_by_group: list[list[Any]], job_id: str, job_first_arrival: float
+        self, keep_by_group: list[list[Any]], job_id: str, job_first_arrival: float, fence: int | None = None
     ) -> list[list[Any]]:
         """Make room under the pin cap, or shrink the pin to fit.
 
@@ -172,18 +186,17 @@ class PinManager:
         room = self.max_pinned_blocks - table.num_pinned_blocks
         if needed <= room:
             return keep_by_group
-        pool = self._kv_cache_manager.block_pool
         if len(keep_by_group) == 1:
             kept = self._prefix_within(keep_by_group[0], room)
             dropped = keep_by_group[0][len(kept):]
             self._offload_blocks(dropped, job_id)
-            pool.free_blocks(reversed(dropped))
+            self._free_blocks(dropped, fence)
             self._metrics.on_blocks_trimmed(len(dropped))
             return [kept]
         self._offload_blocks(keep_by_group[0], job_id)
         for group in keep_by_group:
             if group:
-                pool.free_blocks(reversed(group))
+                self._free_blocks(group, fence)
         self._metrics.on_blocks_trimmed(sum(len(g) for g in keep_by_group))
         return [[] for _ in keep_by_group]
 
@@ -214,10 +227,9 @@ class PinManager:
             return False
         if reason in ("ttl", "pressure", "cap") and pin.blocks_by_group:
             self._offload_blocks(pin.blocks_by_group[0], job_id)
-        pool = self._kv_cache_manager.block_pool
         for group in pin.blocks_by_group:
             if group:
-                pool.free_blocks(reversed(group))
+                self._free_blocks(group, pin.fence)
         if reason != "handoff":
             # After a hand-off the job's prefix is held by its running turn,
             # so its other waiting turns (overlapping requests) keep the

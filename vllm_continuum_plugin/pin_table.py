@@ -50,6 +50,9 @@ class Pin:
     # end it) only if its own block hash at that index is the same. None: a
     # prompt shorter than one block, nothing to check.
     anchor: tuple[int, Any] | None = None
+    # The engine step that may still write these blocks when they were
+    # pinned (vLLM's deferred frees), else None.
+    fence: int | None = None
     num_blocks: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -180,6 +180,7 @@ class ContinuumSchedulerMixin:
             on_pins_changed=self._reprioritize_job,
             has_waiting_turn=self._has_waiting_turn,
             block_size=self.block_size,
+            free_blocks=self._free_after_fence,
         )
         self._wrap_allocate_slots()
         logger.info(
@@ -423,11 +424,14 @@ class ContinuumSchedulerMixin:
             job.last_predicted_s = job.last_tool_s = None
         if self.implicit_jobs is not None and is_implicit_job(job_id):
             self._register_implicit_turn(request, job_id)
-        if not self.pinning_enabled or not self._request_blocks_can_be_freed(request):  # type: ignore[attr-defined]
-            # (The second case: an in-flight step may still write these blocks
-            # and vLLM defers their free; keep that path stock.)
+        if not self.pinning_enabled:
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
+        # With async scheduling and a KV-consumer connector (the default GPU
+        # set-up with offloading), an in-flight step may still write these
+        # blocks: vLLM defers their free. A pin may hold them all the same;
+        # what leaves it before that step is processed is deferred too.
+        fence = None if self._request_blocks_can_be_freed(request) else request.last_sched_seq  # type: ignore[attr-defined]
         decision = self.decider.decide(
             meta,
             call,
@@ -466,7 +470,9 @@ class ContinuumSchedulerMixin:
                 self.offload.save_request(request, hold_job=job_id)
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
-        self.pins.pin(request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed)
+        self.pins.pin(
+            request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
+        )
 
     def _end_job(self, request: Request, meta: JobMetadata, normal: bool, last: str | None) -> None:
         """The job's last turn (``last``: how that was known) or an aborted
@@ -510,6 +516,14 @@ class ContinuumSchedulerMixin:
             job_id, request.block_hashes, request.all_token_ids, request.num_prompt_tokens,
             self.replies.decode, stop_token_ids(request),
         )
+
+    def _free_after_fence(self, blocks: list[Any], fence: int | None) -> None:
+        """Return pinned blocks (allocation order) to the pool, through
+        vLLM's deferred frees while the step ``fence`` may still write them."""
+        if fence is not None and getattr(self, "defer_block_free", False) and fence > self.processed_step_seq:  # type: ignore[attr-defined]
+            self.deferred_frees.append((fence, list(blocks)))  # type: ignore[attr-defined]
+        else:
+            self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))
 
     def _rebuild_seconds(self, request: Request) -> float | None:
         """With an offload connector, rebuilding the context costs a reload
