@@ -20,6 +20,7 @@ __all__ = ["ContinuumConfig", "ENV_PREFIX", "load_config"]
 ENV_PREFIX = "CONTINUUM_"
 ADDITIONAL_CONFIG_SECTION = "continuum"
 TTL_POLICIES = ("cdf", "fixed")
+MAX_TTL_LIMIT_S = 86400.0
 # mini-swe-agent's, SWE-agent's, OpenHands', Cline's and Codex-style finish actions.
 DEFAULT_FINISH_ACTIONS = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT|submit|finish|attempt_completion|task_complete"
 
@@ -74,6 +75,9 @@ class ContinuumConfig:
     rules_path: str = ""
     # ContextServe: XGBoost model file ("" = the shipped bootstrap model).
     xgb_model_path: str = ""
+    # ContextServe: labelled tool calls the classifier keeps for refits (FIFO;
+    # each holds at most 2048 characters of command).
+    xgb_max_training_samples: int = 5000
     # Recognise agent turns that carry no job id by their prompt continuing a
     # finished turn that called a tool (implicit jobs).
     implicit_jobs: bool = True
@@ -97,7 +101,12 @@ class ContinuumConfig:
                 f"expected one of {TTL_POLICIES}"
             )
         _require(self.default_ttl_s >= 0, "default_ttl_s", self.default_ttl_s, ">= 0")
-        _require(self.max_ttl_s >= 0, "max_ttl_s", self.max_ttl_s, ">= 0")
+        _require(0 <= self.max_ttl_s <= MAX_TTL_LIMIT_S, "max_ttl_s", self.max_ttl_s,
+                 f"in [0, {MAX_TTL_LIMIT_S:.0f}] (a pin longer than a day is a leak)")
+        _require(
+            1 <= self.xgb_max_training_samples <= 1_000_000,
+            "xgb_max_training_samples", self.xgb_max_training_samples, "in [1, 1000000]",
+        )
         _require(self.fixed_ttl_s >= 0, "fixed_ttl_s", self.fixed_ttl_s, ">= 0")
         for name in ("round_trip_default_s", "job_priority_window_s", "job_idle_reset_s"):
             value = getattr(self, name)

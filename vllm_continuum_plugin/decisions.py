@@ -118,6 +118,7 @@ def make_decider(
         max_ttl_s=config.max_ttl_s,
         rules_path=config.rules_path or None,
         xgb_model_path=config.xgb_model_path or None,
+        max_training_samples=config.xgb_max_training_samples,
     )
     predictor = ContextAwarePredictor(cs_config, fallback=ttl_policy.decide)
     return ContextServeDecider(predictor)
