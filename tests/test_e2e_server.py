@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 
 NUM_BLOCKS = 96
 LONG_TTL_S = 600  # cold-start TTL: outlives the flood test on any machine
-SHORT_TOOL_S = 0.3  # a job's own estimate -> a TTL of 0.41 s (lapses in the tests that want it)
+SHORT_TOOL_S = 0.3  # a job's own estimate -> a TTL of (0.3 + 2.5 s cold-start round trip) * 1.2 + 0.05 = 3.41 s
 BLOCK = 32
 BASH_REGEX = r"```bash\n(ls|cat main\.py|git status)\n```"
 
@@ -83,7 +83,7 @@ def kv_usage(server) -> float:
 
 def barrier(server, client, name: str) -> None:
     """Wait until everything the engine did before now is on ``/metrics``:
-    a marker turn that creates one pin (which lapses in 0.41 s) is finished
+    a marker turn that creates one pin (which lapses in 3.41 s) is finished
     and published after every earlier request."""
     created = server.metric("vllm_continuum:pins_created")
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
@@ -167,18 +167,63 @@ def test_request_without_job_id_is_served_and_never_pinned(server, client):
 
 @pytest.mark.parametrize("field, value", [
     ("is_last_step", "maybe"), ("is_last_step", 2), ("job_id", ["a", "b"]), ("job_id", ""),
+    # Past 64 bits msgspec cannot carry an integer to the engine (was a 500).
+    ("job_id", 10**29),
+    # Hints are parsed on the engine thread and kept per job: bounded.
+    ("tool_command", " " * 16385), ("tool_name", "x" * 300),
+    ("expected_tool_seconds", 10**400), ("expected_tool_seconds", 1e308),
 ])
-def test_malformed_metadata_is_a_400_naming_the_field(server, field, value):
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-            "job_id": "bad-input", "is_last_step": False}
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions", "/v1/responses"])
+def test_malformed_metadata_is_a_400_naming_the_field(server, field, value, endpoint):
+    body = {"model": "smollm2", "max_tokens": 3, "job_id": "bad-input", "is_last_step": False}
+    if endpoint == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    elif endpoint == "/v1/completions":
+        body["prompt"] = "hi"
+    else:
+        body = {"model": "smollm2", "input": "hi", "max_output_tokens": 3, "job_id": "bad-input",
+                "is_last_step": False}
     body[field] = value
-    r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    r = requests.post(server.url + endpoint, json=body, timeout=30)
     assert r.status_code == 400, r.text
-    assert field in r.text
+    assert field in r.text and len(r.text) < 2000  # long values are quoted in part
+
+
+@pytest.mark.parametrize("length", [300, 16 * 1024])
+def test_a_session_id_that_cannot_be_a_job_id_is_a_400(server, length):
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=30,
+                      headers={"X-Session-ID": "s" * length})
+    assert r.status_code == 400, r.text[:300]
+    assert "session_id" in r.text and len(r.text) < 2000
+    assert requests.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_a_second_client_reusing_a_job_id_cannot_release_its_pin(server, client):
+    # Client A's first turn is pinned (cold-start TTL: LONG_TTL_S).
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Client A's task: fix the overflow in main.py. " * 8}]
+    first = chat(client, messages, "shared-id", False)
+    assert wait_for(lambda: server.metric("vllm_continuum:pinned_jobs") >= 1)
+    released = {r: server.metric("vllm_continuum:pins_released_total", reason=r) for r in ("handoff", "last_step")}
+    # Client B names the same job id with a conversation of its own, and ends "the job".
+    other = [{"role": "system", "content": SYSTEM},
+             {"role": "user", "content": "Client B's unrelated question about the weather. " * 8}]
+    chat(client, other, "shared-id", True)
+    barrier(server, client, "shared-id-barrier")
+    for reason, value in released.items():
+        assert server.metric("vllm_continuum:pins_released_total", reason=reason) == value, reason
+    # A's next turn still finds its context pinned, and its last step ends the job.
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": TOOL_OUTPUTS[0]}]
+    second = chat(client, messages, "shared-id", True)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - BLOCK
+    assert wait_for(lambda: server.metric("vllm_continuum:pins_released_total", reason="handoff")
+                    == released["handoff"] + 1)
 
 
 def test_short_ttl_expires_while_engine_is_idle(server, client):
-    # The client's own estimate gives a short TTL (about 0.4 s).
+    # The client's own estimate gives a short TTL (about 3.4 s, round trip included).
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
     assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0)  # earlier pins gone
     before = server.metric("vllm_continuum:pins_released_total", reason="ttl")
