@@ -853,7 +853,9 @@ def test_g_a_load_the_store_cannot_serve_is_recomputed_not_failed(tiny):
     cold = llm.generate([_ids(prompt)], _greedy(8, None), use_tqdm=False)[0]
     assert llm.reset_prefix_cache()
     store = _worker_connector().worker_store
-    lost = [key for key in store.keys_lru() if key in conn.index][:3]
+    # This prompt's blocks are the store's most recently used (its chain's
+    # head last); the worker loses three of them.
+    lost = [key for key in store.keys_lru() if key in conn.index][-3:]
     assert lost
     for key in lost:  # the worker's copy is gone; the index still promises it
         store.discard(key)
