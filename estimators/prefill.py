@@ -11,8 +11,10 @@ reload times through the same interface instead.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["PrefillCostModel"]
+__all__ = ["PrefillCostModel", "PrefillTimer"]
 
 
 class PrefillCostModel:
@@ -77,3 +79,38 @@ class PrefillCostModel:
     @property
     def num_samples(self) -> int:
         return len(self._points)
+
+
+class PrefillTimer:
+    """Times admitted prefills for a ``PrefillCostModel``: from the step that
+    admits a request (with the tokens it must compute) until its first
+    output token. At most one entry per request in flight; an entry leaves
+    when the request produces a token, finishes or disappears."""
+
+    def __init__(self, model: PrefillCostModel) -> None:
+        self.model = model
+        # request id -> (monotonic admission time, tokens to compute)
+        self._started: dict[str, tuple[float, int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._started)
+
+    def start(self, request_id: str, now: float, tokens: int) -> None:
+        self._started[request_id] = (now, max(1, tokens))
+
+    def forget(self, request_id: str) -> None:
+        self._started.pop(request_id, None)
+
+    def observe(self, requests: Mapping[str, Any], now: float) -> None:
+        """Record the prefills that produced their first token by ``now``
+        (``requests``: the scheduler's live requests by id)."""
+        done: list[str] = []
+        for req_id, (started, tokens) in self._started.items():
+            request = requests.get(req_id)
+            if request is None:
+                done.append(req_id)
+            elif request.num_output_tokens > 0:
+                self.model.observe(tokens, now - started)
+                done.append(req_id)
+        for req_id in done:
+            del self._started[req_id]

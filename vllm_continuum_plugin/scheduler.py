@@ -63,11 +63,11 @@ from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, TurnCountCorrelation
 from .decisions import Decider, make_decider
 from .estimators.parser import NO_TOOL_KEY, is_finish_action
-from .estimators.prefill import PrefillCostModel
+from .estimators.prefill import PrefillCostModel, PrefillTimer
 from .estimators.round_trip import RoundTripOverhead
 from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
 from .implicit_jobs import ImplicitJobIndex, is_implicit_job
-from .job_queue import ContinuumRequestQueue, PriorityKey
+from .job_queue import ContinuumRequestQueue
 from .job_order import JobOrder
 from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata, request_meta, set_request_meta
 from .metrics import EngineMetrics
@@ -161,8 +161,7 @@ class ContinuumSchedulerMixin:
         self.kv_holding_waiting = ContinuumRequestQueue(self.order.queue_key)
         self._waiting_by_job: dict[str, set[Request]] = {}
         self._running_order_dirty = True
-        # request -> (monotonic admission time, tokens to prefill)
-        self._prefill_started: dict[str, tuple[float, int]] = {}
+        self._prefills = PrefillTimer(self.prefill_cost)
         self.replies = ReplyReader(self._load_tokenizer, cfg.pin_on_stop_string)
         self._waker: ExpiryWaker | None = None
         self._waker_lookup_done = False
@@ -328,13 +327,8 @@ class ContinuumSchedulerMixin:
             num_new = output.num_scheduled_tokens.get(new_req.req_id, 0)
             # Prefix-cache hit of this admission (local + external tokens).
             cached = new_req.num_computed_tokens
-            if num_new > 0:
-                # Tokens this admission must compute, timed until the first
-                # output token.
-                self._prefill_started[request.request_id] = (
-                    now,
-                    max(1, request.num_prompt_tokens - cached),
-                )
+            if num_new > 0:  # tokens this admission must compute
+                self._prefills.start(request.request_id, now, request.num_prompt_tokens - cached)
             job_id = request_meta(request).job_id
             if job_id is None:
                 continue
@@ -357,25 +351,12 @@ class ContinuumSchedulerMixin:
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        if self._prefill_started:
-            self._observe_prefills()
+        if self._prefills:
+            self._prefills.observe(self.requests, self.clock.monotonic())
         # Pins created by requests that finished in this step need a wake-up
         # even if the engine goes idle right after.
         self._update_waker()
         return outputs
-
-    def _observe_prefills(self) -> None:
-        now = self.clock.monotonic()
-        done: list[str] = []
-        for req_id, (started, tokens) in self._prefill_started.items():
-            request = self.requests.get(req_id)
-            if request is None:
-                done.append(req_id)
-            elif request.num_output_tokens > 0:
-                self.prefill_cost.observe(tokens, now - started)
-                done.append(req_id)
-        for req_id in done:
-            del self._prefill_started[req_id]
 
     def has_requests(self) -> bool:
         if super().has_requests():  # type: ignore[misc]
@@ -392,7 +373,7 @@ class ContinuumSchedulerMixin:
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         self._forget_waiting(request)
-        self._prefill_started.pop(request.request_id, None)
+        self._prefills.forget(request.request_id)
         meta = request_meta(request)
         job_id = meta.job_id
         if job_id is None and self.implicit_jobs is None:
