@@ -678,3 +678,22 @@ def test_pins_work_when_vllm_defers_block_frees():
     s.update_from_output(out2, output(out2, 7))  # step 2 done: vLLM drains its deferred frees
     step(s)
     assert_all_blocks_free(s)
+
+
+def test_a_paused_engine_does_not_spin_on_a_pin_kept_for_a_waiting_turn():
+    from vllm.v1.core.sched.interface import PauseState
+
+    s = make_scheduler(num_blocks=64, continuum={"default_ttl_s": 5.0})
+    prompt, r1 = first_turn(s, "a")
+    s.set_pause_state(PauseState.PAUSED_ALL)  # e.g. pause_generation(clear_cache=False)
+    r2 = make_request(next_turn_prompt(prompt, r1), job_id="a", is_last_step=True)
+    s.add_request(r2)
+    s.clock.advance(6.0)  # the pin lapses while its turn waits
+    step(s)
+    assert "a" in s.pins  # kept for the waiting turn
+    assert not s.has_requests()  # nothing to do while paused: the engine can block
+    s.set_pause_state(PauseState.UNPAUSED)
+    assert s.has_requests()
+    assert admitted_cached_tokens(step(s), r2) > 0
+    run_until_finished(s, [r2])
+    assert_all_blocks_free(s)

@@ -101,9 +101,15 @@ class PinManager:
         return self.table.next_deadline()
 
     def is_due(self) -> bool:
-        """A pin's deadline has passed (the engine should run a step)."""
+        """A pin's deadline has passed and :meth:`release_expired` would
+        release it (the engine should run a step). A lapsed pin kept for its
+        job's waiting turn does not count: with scheduling paused that turn
+        waits, and reporting work for it would spin the engine."""
+        now = self.clock.monotonic()
         deadline = self.table.next_deadline()
-        return deadline is not None and deadline <= self.clock.monotonic()
+        if deadline is None or deadline > now:
+            return False
+        return any(not self._has_waiting_turn(pin.job_id) for pin in self.table.expired(now))
 
     # -- creating pins ----------------------------------------------------
     def pin(
