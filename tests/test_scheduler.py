@@ -697,3 +697,21 @@ def test_a_paused_engine_does_not_spin_on_a_pin_kept_for_a_waiting_turn():
     assert admitted_cached_tokens(step(s), r2) > 0
     run_until_finished(s, [r2])
     assert_all_blocks_free(s)
+
+
+def test_soft_pins_wrap_allocations_only_when_one_could_fail():
+    # Plenty of room: vLLM's own allocate_slots runs unwrapped (hot path).
+    roomy = make_scheduler(num_blocks=2000, max_model_len=512, continuum={"default_ttl_s": 60})
+    first_turn(roomy, "a")
+    step(roomy)
+    assert "allocate_slots" not in vars(roomy.kv_cache_manager) and len(roomy.pins) == 1
+    # A pool the next step could exhaust: the wrapper is armed, and a waiting
+    # request's allocation releases a pin instead of failing.
+    tight = make_scheduler(num_blocks=40, max_num_seqs=4, continuum={"max_pinned_fraction": 1.0, "default_ttl_s": 60})
+    for job in ("a", "b", "c"):
+        first_turn(tight, job, length=150)
+    big = make_request(prompt_of(900, 300), max_tokens=4)
+    tight.add_request(big)
+    out = step(tight)
+    assert "allocate_slots" in vars(tight.kv_cache_manager)
+    assert admitted_cached_tokens(out, big) == 0 and tight.continuum_metrics.snapshot()["pins_released"]["pressure"] >= 1

@@ -303,6 +303,7 @@ class ContinuumSchedulerMixin:
         if not self._waker_lookup_done:
             self._init_waker()
         self.pins.release_expired()
+        self._arm_soft_pins()
         if self._running_order_dirty:
             self._order_running_for_preemption()
             self._running_order_dirty = False
@@ -552,7 +553,41 @@ class ContinuumSchedulerMixin:
                 retry=lambda: original(request, *args, **kwargs),
             )
 
-        manager.allocate_slots = allocate_slots
+        self._soft_allocate = allocate_slots
+        self._soft_pins_armed = False
+        # Blocks one step can take from the free queue at most, besides the
+        # prefix hits of admissions (see _arm_soft_pins).
+        groups = len(manager.coordinator.single_type_managers)
+        bs = self.block_size
+        lookahead = getattr(self, "num_lookahead_tokens", 0) or 0
+        seqs = self.scheduler_config.max_num_seqs
+        self._step_blocks_bound = groups * (
+            -(-self.scheduler_config.max_num_batched_tokens // bs) + seqs * (2 + -(-lookahead // bs))
+        )
+        self._admission_blocks_bound = groups * (-(-self.vllm_config.model_config.max_model_len // bs) + 1)
+        # Allocations the bound does not cover: keep the wrapper on for good.
+        self._soft_pins_always = self.connector is not None or bool(getattr(self, "is_encoder_decoder", False))
+
+    def _arm_soft_pins(self) -> None:
+        """Route allocations through the soft-pin wrapper only when one could
+        fail this step: with pins held and fewer free blocks than the step can
+        take (its token budget, every scheduled request's next block, and a
+        whole ``max_model_len`` of prefix hits per possible admission). With
+        room to spare vLLM's own ``allocate_slots`` runs unwrapped, which
+        saves a Python call per scheduled request on the hot path."""
+        manager = self.kv_cache_manager
+        armed = bool(self.pins)
+        if armed and not self._soft_pins_always:
+            waiting = len(self.waiting) + len(self.kv_holding_waiting)
+            admissions = min(waiting, max(0, self.scheduler_config.max_num_seqs - len(self.running)))
+            need = self._step_blocks_bound + admissions * self._admission_blocks_bound
+            armed = manager.block_pool.get_num_free_blocks() < need
+        if armed != self._soft_pins_armed:
+            if armed:
+                manager.allocate_slots = self._soft_allocate
+            else:
+                del manager.allocate_slots  # the class's own method again
+            self._soft_pins_armed = armed
 
     # ------------------------------------------------------------------
     # Lifecycle
