@@ -705,6 +705,7 @@ def test_soft_pins_wrap_allocations_only_when_one_could_fail():
     first_turn(roomy, "a")
     step(roomy)
     assert "allocate_slots" not in vars(roomy.kv_cache_manager) and len(roomy.pins) == 1
+    assert not roomy.soft_pins.armed
     # A pool the next step could exhaust: the wrapper is armed, and a waiting
     # request's allocation releases a pin instead of failing.
     tight = make_scheduler(num_blocks=40, max_num_seqs=4, continuum={"max_pinned_fraction": 1.0, "default_ttl_s": 60})
@@ -713,5 +714,5 @@ def test_soft_pins_wrap_allocations_only_when_one_could_fail():
     big = make_request(prompt_of(900, 300), max_tokens=4)
     tight.add_request(big)
     out = step(tight)
-    assert "allocate_slots" in vars(tight.kv_cache_manager)
+    assert "allocate_slots" in vars(tight.kv_cache_manager) and tight.soft_pins.armed
     assert admitted_cached_tokens(out, big) == 0 and tight.continuum_metrics.snapshot()["pins_released"]["pressure"] >= 1

@@ -14,11 +14,13 @@ block manager and kernels untouched:
   ``running`` so that vLLM's "preempt running[-1]" picks the latest-arriving
   job not on its last step, and hands pins over to next turns that were
   admitted in the step (their blocks are now referenced by the new request).
-* ``kv_cache_manager.allocate_slots`` (wrapped on the instance) -- **soft
-  pins**: when an allocation would fail, pins are released (latest-arriving
-  job first) and the allocation retried, before vLLM preempts a running
-  request; a waiting request (or a whole idle engine) likewise, except that a
-  waiting request of a newer job does not evict an older job's pin.
+* ``kv_cache_manager.allocate_slots`` (wrapped on the instance by
+  :class:`~.soft_pins.SoftPins`, only in steps where an allocation could
+  fail) -- **soft pins**: when an allocation would fail, pins are released
+  (latest-arriving job first) and the allocation retried, before vLLM
+  preempts a running request; a waiting request (or a whole idle engine)
+  likewise, except that a waiting request of a newer job does not evict an
+  older job's pin.
 * ``add_request`` -- parses job metadata (an untagged request whose prompt
   continues a finished agent turn is that implicit job's next turn, see
   ``implicit_jobs``), measures tool time, and queues the request in the
@@ -50,13 +52,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
@@ -73,6 +74,7 @@ from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata, requ
 from .metrics import EngineMetrics
 from .pin_manager import PinManager
 from .pin_table import continues
+from .soft_pins import SoftPins
 from .registration import PLUGIN_POLICIES
 from .reply_reader import ReplyReader, stop_token_ids
 from .wakeup import ExpiryWaker, find_engine_input_queue
@@ -181,7 +183,7 @@ class ContinuumSchedulerMixin:
             block_size=self.block_size,
             free_blocks=self._free_after_fence,
         )
-        self._wrap_allocate_slots()
+        self.soft_pins = SoftPins(self, self.pins, self.order)
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s "
             "prefix_caching=%s max_pinned_blocks=%d implicit_jobs=%s%s",
@@ -303,7 +305,7 @@ class ContinuumSchedulerMixin:
         if not self._waker_lookup_done:
             self._init_waker()
         self.pins.release_expired()
-        self._arm_soft_pins()
+        self.soft_pins.arm()
         if self._running_order_dirty:
             self._order_running_for_preemption()
             self._running_order_dirty = False
@@ -529,65 +531,6 @@ class ContinuumSchedulerMixin:
     def release_expired_pins(self) -> int:
         """Release every pin past its deadline (see ``PinManager.release_expired``)."""
         return self.pins.release_expired()
-
-    # ------------------------------------------------------------------
-    # Soft pins: memory pressure releases pins before anything else
-    # ------------------------------------------------------------------
-    def _wrap_allocate_slots(self) -> None:
-        manager = self.kv_cache_manager
-        original: Callable[..., Any] = manager.allocate_slots
-
-        def allocate_slots(request: Request, *args: Any, **kwargs: Any) -> Any:
-            blocks = original(request, *args, **kwargs)
-            if blocks is not None or not self.pins:
-                return blocks
-            # A running request would otherwise be preempted, and with nothing
-            # running a blocked admission would idle the engine: any pin
-            # goes. A waiting request only takes memory pinned for jobs that
-            # arrived after its own (job-level FCFS applied to memory): a new
-            # job does not evict the context of an older job in a tool gap.
-            return self.pins.release_for(
-                own_job=request_meta(request).job_id,
-                own_arrival=self.order.ranked_arrival(request),
-                any_pin=request.status == RequestStatus.RUNNING or not self.running,
-                retry=lambda: original(request, *args, **kwargs),
-            )
-
-        self._soft_allocate = allocate_slots
-        self._soft_pins_armed = False
-        # Blocks one step can take from the free queue at most, besides the
-        # prefix hits of admissions (see _arm_soft_pins).
-        groups = len(manager.coordinator.single_type_managers)
-        bs = self.block_size
-        lookahead = getattr(self, "num_lookahead_tokens", 0) or 0
-        seqs = self.scheduler_config.max_num_seqs
-        self._step_blocks_bound = groups * (
-            -(-self.scheduler_config.max_num_batched_tokens // bs) + seqs * (2 + -(-lookahead // bs))
-        )
-        self._admission_blocks_bound = groups * (-(-self.vllm_config.model_config.max_model_len // bs) + 1)
-        # Allocations the bound does not cover: keep the wrapper on for good.
-        self._soft_pins_always = self.connector is not None or bool(getattr(self, "is_encoder_decoder", False))
-
-    def _arm_soft_pins(self) -> None:
-        """Route allocations through the soft-pin wrapper only when one could
-        fail this step: with pins held and fewer free blocks than the step can
-        take (its token budget, every scheduled request's next block, and a
-        whole ``max_model_len`` of prefix hits per possible admission). With
-        room to spare vLLM's own ``allocate_slots`` runs unwrapped, which
-        saves a Python call per scheduled request on the hot path."""
-        manager = self.kv_cache_manager
-        armed = bool(self.pins)
-        if armed and not self._soft_pins_always:
-            waiting = len(self.waiting) + len(self.kv_holding_waiting)
-            admissions = min(waiting, max(0, self.scheduler_config.max_num_seqs - len(self.running)))
-            need = self._step_blocks_bound + admissions * self._admission_blocks_bound
-            armed = manager.block_pool.get_num_free_blocks() < need
-        if armed != self._soft_pins_armed:
-            if armed:
-                manager.allocate_slots = self._soft_allocate
-            else:
-                del manager.allocate_slots  # the class's own method again
-            self._soft_pins_armed = armed
 
     # ------------------------------------------------------------------
     # Lifecycle
