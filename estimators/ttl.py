@@ -189,36 +189,35 @@ def best_tau(sorted_samples: np.ndarray, benefit_s: float, max_ttl_s: float) -> 
     over all indices picks it automatically because equal taus with larger
     i score higher.
     """
+    candidates, best = _best_rank(sorted_samples, benefit_s, max_ttl_s)
+    return float(candidates[best]) if best >= 0 else 0.0
+
+
+def _best_rank(sorted_samples: np.ndarray, benefit_s: float, max_ttl_s: float) -> tuple[np.ndarray, int]:
+    """(samples <= max_ttl_s, index of the best-scoring one, or -1 when
+    ``tau`` 0 wins)."""
     n = sorted_samples.shape[0]
-    if n == 0 or benefit_s <= 0:
-        return 0.0
-    limit = int(sorted_samples.searchsorted(max_ttl_s, side="right"))
-    if limit == 0:
-        return 0.0
+    limit = int(sorted_samples.searchsorted(max_ttl_s, side="right")) if n else 0
     candidates = sorted_samples[:limit]
+    if limit == 0 or benefit_s <= 0:
+        return candidates, -1
     scores = _ranks(limit) * (benefit_s / n)
     scores -= candidates
     best = int(scores.argmax())
-    return float(candidates[best]) if scores[best] > 0.0 else 0.0
+    return candidates, (best if scores[best] > 0.0 else -1)
 
 
 def best_tau_interval(sorted_samples: np.ndarray, benefit_s: float, max_ttl_s: float) -> tuple[float, float, float]:
     """``best_tau`` plus the closed interval of benefits ``[lo, hi]`` over
     which its answer stays the optimum (``tau`` 0 included: it scores 0)."""
     n = sorted_samples.shape[0]
-    limit = int(sorted_samples.searchsorted(max_ttl_s, side="right")) if n else 0
-    if n == 0 or limit == 0:
+    candidates, best = _best_rank(sorted_samples, benefit_s, max_ttl_s)
+    limit = candidates.shape[0]
+    if limit == 0:
         return 0.0, -math.inf, math.inf
-    candidates = sorted_samples[:limit]
     ranks = _ranks(limit)
-    if benefit_s <= 0:
-        # Every score is <= -s_i <= 0: tau 0 wins up to the first benefit at
-        # which some rank breaks even.
-        return 0.0, -math.inf, float((candidates / ranks).min()) * n
-    scores = ranks * (benefit_s / n)
-    scores -= candidates
-    best = int(scores.argmax())
-    if scores[best] <= 0.0:
+    if best < 0:
+        # tau 0 wins up to the first benefit at which some rank breaks even.
         return 0.0, -math.inf, float((candidates / ranks).min()) * n
     # Rank k = best + 1 beats rank i iff a * (k - i) >= s_k - s_i, with
     # a = benefit / n, and beats tau 0 iff a * k > s_k.

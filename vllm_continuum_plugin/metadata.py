@@ -119,7 +119,7 @@ def parse_job_id(value: Any, field: str = JOB_ID) -> str | None:
         raise MetadataError(field, _shown(value), "a non-empty string (or an integer)")
     if isinstance(value, int) and not -(2**63) <= value < 2**63:
         raise MetadataError(field, _shown(value), "an integer that fits in 64 bits (or a string)")
-    text = str(value).strip() if isinstance(value, int) or len(value) <= 4 * MAX_JOB_ID_LENGTH else value
+    text = str(value).strip()
     if not text or len(text) > MAX_JOB_ID_LENGTH or not text.isprintable():
         # (Non-printable characters are reserved: implicit job ids use them.)
         raise MetadataError(

@@ -32,7 +32,7 @@ from typing import Any
 
 from .clock import Clock
 from .metrics import EngineMetrics
-from .pin_table import Pin, PinTable
+from .pin_table import Pin, PinTable, continues
 
 logger = logging.getLogger("vllm.continuum_plugin")
 
@@ -95,6 +95,14 @@ class PinManager:
     @property
     def num_pinned_blocks(self) -> int:
         return self.table.num_pinned_blocks
+
+    def held_for(self, job_id: str | None, block_hashes: Any) -> Pin | None:
+        """``job_id``'s pin, if a request with these block hashes continues
+        the context it holds (see :func:`~.pin_table.continues`), else None.
+        A job id belongs to nobody: only such a request may take the pin
+        over, supersede or end it."""
+        pin = self.table.get(job_id) if job_id is not None else None
+        return pin if pin is not None and continues(pin, block_hashes) else None
 
     def next_deadline(self) -> float | None:
         """Earliest deadline of a live pin (monotonic seconds), or None."""

@@ -73,7 +73,6 @@ from .job_order import JobOrder
 from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata, request_meta, set_request_meta
 from .metrics import EngineMetrics
 from .pin_manager import PinManager
-from .pin_table import continues
 from .soft_pins import SoftPins
 from .registration import PLUGIN_POLICIES
 from .reply_reader import ReplyReader, stop_token_ids
@@ -213,9 +212,7 @@ class ContinuumSchedulerMixin:
         id belongs to nobody: a request that merely names it (another
         client's, a branched conversation) must not take the pin over, end
         it or jump the queue on it."""
-        job_id = request_meta(request).job_id
-        pin = self.pins.get(job_id) if job_id is not None else None
-        return pin is not None and continues(pin, request.block_hashes)
+        return self.pins.held_for(request_meta(request).job_id, request.block_hashes) is not None
 
     def _has_waiting_turn(self, job_id: str) -> bool:
         """A waiting request continues the job's pin (keep it past its deadline)."""
@@ -339,8 +336,8 @@ class ContinuumSchedulerMixin:
                 # This turn's reload (if any) was planned in this step; the
                 # store's entries of the job are plain LRU entries from now.
                 self.offload.end_hold(job_id)
-            pin = self.pins.get(job_id)
-            if pin is not None and continues(pin, request.block_hashes):
+            pin = self.pins.held_for(job_id, request.block_hashes)
+            if pin is not None:
                 # The pin holds the job's previous prefix, so a hit covers the
                 # pinned blocks first (group 0: the full-attention prefix).
                 pinned_tokens = len(pin.blocks_by_group[0]) * self.block_size if pin.blocks_by_group else 0
@@ -440,9 +437,8 @@ class ContinuumSchedulerMixin:
         # A newer turn of the same context supersedes the job's older pin
         # (overlapping turns); a request that only names the job does not
         # touch another context's pin and is served as stock.
-        older = self.pins.get(job_id)
-        if older is not None:
-            if not continues(older, request.block_hashes):
+        if job_id in self.pins:
+            if self.pins.held_for(job_id, request.block_hashes) is None:
                 logger.debug("continuum: request %s names job %s but does not continue its pin; not pinned",
                              request.request_id, job_id)
                 super()._free_request_blocks(request)  # type: ignore[misc]
@@ -472,8 +468,7 @@ class ContinuumSchedulerMixin:
         if self.implicit_jobs is not None:
             # An aborted implicit turn is not retried by prefix: its job ends too.
             self.implicit_jobs.forget(job_id)
-        pin = self.pins.get(job_id)
-        if pin is not None and continues(pin, request.block_hashes):
+        if self.pins.held_for(job_id, request.block_hashes) is not None:
             self.pins.release(job_id, _RELEASE_REASON_AT_END[last])
         if self.offload is not None:
             # Nobody reloads a finished job's context: its stored blocks go
@@ -502,12 +497,13 @@ class ContinuumSchedulerMixin:
         )
 
     def _free_after_fence(self, blocks: list[Any], fence: int | None) -> None:
-        """Return pinned blocks (allocation order) to the pool, through
-        vLLM's deferred frees while the step ``fence`` may still write them."""
-        if fence is not None and getattr(self, "defer_block_free", False) and fence > self.processed_step_seq:  # type: ignore[attr-defined]
-            self.deferred_frees.append((fence, list(blocks)))  # type: ignore[attr-defined]
-        else:
+        """Return pinned blocks (allocation order) to the pool, tail first;
+        while the step ``fence`` may still write them, through vLLM's own
+        fence-aware free (a fence is only set when vLLM defers frees)."""
+        if fence is None:
             self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))
+        else:
+            self._free_cow_retained_blocks(blocks[::-1], fence)  # type: ignore[attr-defined]
 
     def _rebuild_seconds(self, request: Request) -> float | None:
         """With an offload connector, rebuilding the context costs a reload
