@@ -169,21 +169,33 @@ class ArmResult:
     makespan_s: float
 
 
+class StreamCut(RuntimeError):
+    """A streamed reply ended before its final (usage) chunk."""
+
+
 class AgentReplayer:
     """Replays one job's turns against the server (asyncio).
 
     ``native``: replies are forced native tool calls (see module doc);
-    ``tagged``: requests carry ``job_id`` / ``is_last_step`` / the tool hint.
+    ``tagged``: requests carry ``job_id`` / ``is_last_step`` / the tool hint;
+    ``session_header``: requests carry ``X-Session-ID: <job id>``.
     """
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, system_prompt: str, seed: int,
-                 native: bool = False, tagged: bool = True) -> None:
+                 native: bool = False, tagged: bool = True, session_header: bool = False,
+                 turn_retries: int = 0) -> None:
         self.client = client
         self.model = model
         self.system_prompt = system_prompt
         self.seed = seed
         self.native = native
         self.tagged = tagged
+        # X-Session-ID: <job id> on every turn (what routers hash on).
+        self.session_header = session_header
+        # A reply whose stream ends without its usage chunk (a replica that
+        # died mid-stream; a router passes that on as a short 200) is asked
+        # again this many times, as an agent would re-ask a broken reply.
+        self.turn_retries = turn_retries
 
     async def run(self, job: Job, t0: float) -> JobRecord:
         await asyncio.sleep(max(0.0, t0 + job.arrival_s - time.time()))
@@ -201,8 +213,14 @@ class AgentReplayer:
                 else:
                     messages.append({"role": "user", "content": content})
                 last = turn.index == job.num_turns - 1
-                turn_record, reply, calls = await self._turn(
-                    job, turn.index, turn.output_tokens, turn.tool_command, messages, last)
+                for attempt in range(self.turn_retries + 1):
+                    try:
+                        turn_record, reply, calls = await self._turn(
+                            job, turn.index, turn.output_tokens, turn.tool_command, messages, last)
+                        break
+                    except StreamCut:
+                        if attempt == self.turn_retries:
+                            raise
                 record.turns.append(turn_record)
                 if calls:
                     messages.append({"role": "assistant", "content": reply or None, "tool_calls": calls})
@@ -240,7 +258,8 @@ class AgentReplayer:
         usage = None
         stream = await self.client.chat.completions.create(
             model=self.model, messages=messages, max_tokens=max_tokens, temperature=0.0,
-            stream=True, stream_options={"include_usage": True}, extra_body=extra, **kwargs,
+            stream=True, stream_options={"include_usage": True}, extra_body=extra,
+            extra_headers={"X-Session-ID": job.job_id} if self.session_header else None, **kwargs,
         )
         async for chunk in stream:
             delta = chunk.choices[0].delta if chunk.choices else None
@@ -259,6 +278,8 @@ class AgentReplayer:
             if chunk.usage is not None:
                 usage = chunk.usage
         end = time.time()
+        if usage is None:
+            raise StreamCut(f"job {job.job_id} turn {index}: the stream ended without its usage chunk")
         details = getattr(usage, "prompt_tokens_details", None) if usage else None
         return TurnRecord(
             job_id=job.job_id, turn=index, start_s=start, ttft_s=(first or end) - start,
@@ -302,16 +323,18 @@ def metric_total(metrics: dict[str, float], prefix: str) -> float:
 
 
 async def run_jobs(url: str, model: str, jobs: list[Job], seed: int, max_concurrency: int, progress: bool,
-                   native: bool = False, tagged: bool = True) -> tuple[list[JobRecord], float]:
+                   native: bool = False, tagged: bool = True, session_header: bool = False,
+                   max_retries: int = 0, turn_retries: int = 0) -> tuple[list[JobRecord], float]:
     import httpx
 
     limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
     client = openai.AsyncOpenAI(
-        base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600,
+        base_url=url + "/v1", api_key="unused", max_retries=max_retries, timeout=600,
         http_client=httpx.AsyncClient(limits=limits, timeout=600),
     )
     system_prompt = synthetic_text("system", jobs[0].system_tokens if jobs else 120, 0)
-    replayer = AgentReplayer(client, model, system_prompt, seed, native=native, tagged=tagged)
+    replayer = AgentReplayer(client, model, system_prompt, seed, native=native, tagged=tagged,
+                             session_header=session_header, turn_retries=turn_retries)
     t0 = time.time() + 0.5
     bar = None
     if progress:

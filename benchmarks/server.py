@@ -81,6 +81,13 @@ class VLLMServer:
         self.stop()
 
     def start(self) -> None:
+        """Launch and wait until ``/health`` answers (or raise with the log)."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting (several replicas start in
+        parallel: ``launch`` each, then ``wait_ready`` each)."""
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model,
@@ -93,6 +100,9 @@ class VLLMServer:
         self.proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None, "launch() first"
         started = time.monotonic()
         deadline = started + self.startup_timeout_s
         next_report = started + self.wait_report_s
@@ -123,6 +133,14 @@ class VLLMServer:
         except subprocess.TimeoutExpired:
             os.killpg(pgid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        """Crash the replica: SIGKILL its whole process group (by PID), no
+        shutdown path runs (a machine or container dying)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
+        self.proc.wait(timeout=30)
 
     def last_log_line(self, width: int = 100) -> str:
         """The server log's last non-empty line (progress while starting)."""

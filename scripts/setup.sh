@@ -8,18 +8,21 @@
 # plugin's `vllm>=0.32,<0.34` requirement resolve without the CUDA build.
 # GPU machines: `pip install vllm` (the CUDA build) instead.
 #
-# Also a second venv with real agent harnesses (mini-swe-agent, litellm),
+# Also a venv with vllm-router, and one with real agent harnesses (mini-swe-agent, litellm),
 # pinned: they are clients of the server, and their dependencies (openai,
 # huggingface_hub, ...) must not move vLLM's.
 #
 # Environment: CONTINUUM_VENV (default ~/.venvs/vllm-continuum),
 #              CONTINUUM_AGENT_VENV (default ~/.venvs/vllm-continuum-agents),
+#              CONTINUUM_ROUTER_VENV (default ~/.venvs/vllm-continuum-router),
 #              CONTINUUM_MODELS (default ~/.cache/vllm-continuum/models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${CONTINUUM_VENV:-$HOME/.venvs/vllm-continuum}
 AGENT_VENV=${CONTINUUM_AGENT_VENV:-$HOME/.venvs/vllm-continuum-agents}
+ROUTER_VENV=${CONTINUUM_ROUTER_VENV:-$HOME/.venvs/vllm-continuum-router}
+VLLM_ROUTER_VERSION=0.1.17
 MINI_SWE_AGENT_VERSION=2.4.6
 LITELLM_VERSION=1.106.2
 MCP_VERSION=2.3.0
@@ -94,6 +97,14 @@ if ! "$AGENT_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(
   # litellm needs mcp once tools= is passed.
   "$AGENT_VENV/bin/pip" install -q "mini-swe-agent==$MINI_SWE_AGENT_VERSION" \
     "litellm==$LITELLM_VERSION" "mcp==$MCP_VERSION"
+fi
+
+# vllm-router (vLLM's load balancer, a Rust binary in a wheel) for the
+# multi-replica test and benchmark; its own venv so it moves nothing of vLLM's.
+if ! "$ROUTER_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-router') != '$VLLM_ROUTER_VERSION')" 2>/dev/null; then
+  log "installing vllm-router $VLLM_ROUTER_VERSION in $ROUTER_VENV"
+  python3 -m venv "$ROUTER_VENV"
+  "$ROUTER_VENV/bin/pip" install -q "vllm-router==$VLLM_ROUTER_VERSION"
 fi
 
 log "building models in $MODELS"

@@ -1,0 +1,148 @@
+"""A real ``vllm-router`` process in front of several ``vllm serve`` replicas.
+
+``vllm-router`` (PyPI ``vllm-router``, pinned by ``scripts/setup.sh`` in its
+own venv) is a Python console script that runs the Rust router in the same
+process, so the PID started here is the router; it is stopped by that PID.
+
+Facts this launcher relies on (vllm-router 0.1.17, measured here):
+
+* ``--policy consistent_hash`` keys a chat request on the first of the
+  headers ``x-session-id``, ``x-user-id``, ``x-tenant-id``,
+  ``x-correlation-id``, ``x-request-id``, ``x-trace-id`` (not configurable;
+  body fields such as ``job_id`` are not read, and a request with none of
+  them always goes to the same worker). A job's turns therefore stay on one
+  replica when its client sends ``X-Session-ID: <job id>`` -- which the
+  plugin also accepts as the job id.
+* ``cache_aware`` (the router's default) routes by longest shared prefix with
+  load balancing; in 0.1.17 its prefix tree is built with one worker, so a
+  sequential stream of new conversations all goes to one replica and only
+  load imbalance spreads them (see README "Scaling out").
+* It opens its port once one worker answers ``/health`` (and counts workers
+  it never reached as healthy), so ``start`` first waits for every worker.
+  Readiness: ``GET /readiness`` answers 200.
+* A retry re-runs the policy: with consistent hashing a dead worker is
+  picked again until 10 failures open its circuit breaker, after which its
+  keys move to the next worker on the ring; health checks (1 s, 2 failures
+  here) take it out without traffic. Only the dead worker's keys move.
+* It always starts a Prometheus exporter (default port 29000), so every
+  router gets its own free ``--prometheus-port``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+
+import requests
+
+from .server import free_port
+
+ROUTER_VENV_ENV = "CONTINUUM_ROUTER_VENV"
+DEFAULT_ROUTER_VENV = os.path.expanduser("~/.venvs/vllm-continuum-router")
+POLICIES = ("round_robin", "consistent_hash", "cache_aware", "random", "power_of_two", "sticky_least_loaded")
+
+
+def router_executable() -> str:
+    """The ``vllm-router`` script: ``$CONTINUUM_ROUTER_VENV`` (default
+    ``~/.venvs/vllm-continuum-router``), else ``PATH``."""
+    venv = os.environ.get(ROUTER_VENV_ENV, DEFAULT_ROUTER_VENV)
+    candidate = os.path.join(venv, "bin", "vllm-router")
+    if os.path.exists(candidate):
+        return candidate
+    found = shutil.which("vllm-router")
+    if found is None:
+        raise FileNotFoundError(
+            f"vllm-router not found in {candidate} or on PATH: run scripts/setup.sh "
+            "(or pip install vllm-router==0.1.17)")
+    return found
+
+
+class VLLMRouter:
+    """One router process over ``worker_urls`` with one routing ``policy``."""
+
+    def __init__(
+        self,
+        worker_urls: Sequence[str],
+        policy: str,
+        health_interval_s: int = 1,
+        health_failures: int = 2,
+        breaker_timeout_s: int = 5,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown router policy {policy!r}; known: {', '.join(POLICIES)}")
+        if not worker_urls:
+            raise ValueError("a router needs at least one worker URL")
+        self.worker_urls = list(worker_urls)
+        self.policy = policy
+        self.port = free_port()
+        self.prometheus_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [
+            router_executable(),
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.prometheus_port),
+            "--policy", policy,
+            "--worker-startup-check-interval", "1",
+            "--health-check-interval-secs", str(health_interval_s),
+            "--health-failure-threshold", str(health_failures),
+            "--health-success-threshold", "1",
+            "--cb-timeout-duration-secs", str(breaker_timeout_s),
+            *extra_args,
+            "--worker-urls", *self.worker_urls,  # nargs='*': last
+        ]
+        self.log_path = tempfile.mkstemp(prefix="vllm-router-", suffix=".log")[1]
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "VLLMRouter":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for url in self.worker_urls:  # the router itself waits for one only
+            while not _ok(url + "/health"):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {url} not healthy in {timeout_s}s")
+                time.sleep(0.2)
+        log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        while not _ok(self.url + "/readiness"):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm-router exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"vllm-router not ready in {timeout_s}s:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path) as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
