@@ -1,0 +1,223 @@
+"""End to end: two `vllm serve --scheduling-policy continuum` replicas behind a
+real `vllm-router` (PyPI 0.1.17, installed by scripts/setup.sh).
+
+Each replica computes on its own core. Jobs identify themselves the way
+routers and the plugin both read: ``X-Session-ID: <job id>`` (the plugin
+takes it as the job id). Which replica served a turn is read off the
+replicas' own ``vllm:request_success_total`` (turns are sent one at a time
+where that matters).
+
+No check races a TTL against the machine's speed: pins that must be handed
+over live for the 600 s cold-start TTL; pins that must lapse ask for a short
+TTL and are waited for through counters (bounded by ``wait_for``'s 120 s).
+The replica kill is triggered by an event (every job finished its first
+turn), not by a timer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import requests
+from harness import TINY_MODEL, wait_for
+
+from vllm_continuum_plugin.benchmarks.router import VLLMRouter
+from vllm_continuum_plugin.benchmarks.server import VLLMServer
+
+pytestmark = pytest.mark.e2e
+
+LONG_TTL_S = 600
+SHORT_TOOL_S = 0.3  # -> a TTL of a few seconds: pins that must lapse
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    if not os.path.isdir(TINY_MODEL):
+        pytest.fail(f"test model missing at {TINY_MODEL}: run scripts/setup.sh")
+    args = [
+        "--scheduling-policy", "continuum", "--block-size", "32", "--num-gpu-blocks-override", "128",
+        "--kv-cache-memory-bytes", "200000000", "--max-model-len", "2048", "--enforce-eager",
+        "--enable-prompt-tokens-details",
+        "--additional-config", '{"continuum": {"default_ttl_s": %d, "max_ttl_s": %d}}' % (LONG_TTL_S, LONG_TTL_S),
+    ]
+    cores = max(1, os.cpu_count() or 1)
+    servers = [VLLMServer(TINY_MODEL, args, served_name="tiny", dtype="float32",
+                          env={"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)}) for i in range(2)]
+    try:
+        for s in servers:
+            s.launch()
+        for s in servers:
+            s.wait_ready()
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def text(tag: str, n: int) -> str:
+    return tag + " " + " ".join(WORDS[(i * 7 + len(tag)) % len(WORDS)] for i in range(n))
+
+
+def ask(url: str, job: str, messages: list[dict], last: bool, tool_s: float | None = None,
+        retries: int = 0) -> dict:
+    """One turn through ``url`` (retried like an agent harness would on a
+    5xx or a dropped connection)."""
+    body = {"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0.0,
+            "ignore_eos": True, "is_last_step": last}
+    if tool_s is not None:
+        body["expected_tool_seconds"] = tool_s
+    for attempt in range(retries + 1):
+        try:
+            r = requests.post(url + "/v1/chat/completions", json=body, headers={"X-Session-ID": job}, timeout=120)
+            if r.status_code == 200:
+                return r.json()
+            error = f"HTTP {r.status_code}: {r.text[:200]}"
+        except requests.RequestException as e:
+            error = repr(e)
+        if attempt == retries:
+            raise AssertionError(f"job {job}: {error}")
+        time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def served(replicas) -> list[float]:
+    return [s.metric("vllm:request_success_total") for s in replicas]
+
+
+def which(before: list[float], after: list[float]) -> int:
+    moved = [i for i, (b, a) in enumerate(zip(before, after)) if a > b]
+    assert len(moved) == 1, (before, after)
+    return moved[0]
+
+
+def released(replicas, reason: str) -> list[float]:
+    return [s.metric("vllm_continuum:pins_released_total", reason=reason) for s in replicas]
+
+
+def all_free(replicas) -> bool:
+    return all(s.metric("vllm_continuum:pinned_blocks") == 0 and s.metric("vllm:kv_cache_usage_perc") == 0
+               for s in replicas if s.proc.poll() is None)
+
+
+def run_job(url: str, job: str, turns: int, replicas=None, tool_s: float | None = None) -> list[tuple[int, dict]]:
+    """Sequential turns of one job; returns (replica, response) per turn."""
+    messages = [{"role": "system", "content": text("system", 60)},
+                {"role": "user", "content": text(job, 80)}]
+    out = []
+    for t in range(turns):
+        before = served(replicas) if replicas else None
+        r = ask(url, job, messages, last=t == turns - 1, tool_s=tool_s)
+        out.append((which(before, served(replicas)) if replicas else -1, r))
+        messages += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": text(f"{job}-out{t}", 40)}]
+    return out
+
+
+def test_consistent_hashing_on_the_session_keeps_every_turn_on_its_pin(replicas):
+    assert wait_for(lambda: all_free(replicas))
+    handoff0, ttl0 = sum(released(replicas, "handoff")), sum(released(replicas, "ttl"))
+    with VLLMRouter([s.url for s in replicas], "consistent_hash") as router:
+        homes = {}
+        for j in range(6):
+            turns = run_job(router.url, f"ch-{j}", 4, replicas)
+            homes[f"ch-{j}"] = {replica for replica, _ in turns}
+            # Every later turn found the earlier turns' KV pinned on its replica.
+            prompt1 = turns[0][1]["usage"]["prompt_tokens"]
+            for _, r in turns[1:]:
+                assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt1 - 32
+    assert all(len(h) == 1 for h in homes.values()), homes
+    assert sum(released(replicas, "handoff")) - handoff0 == 6 * 3  # every pin taken over
+    assert sum(released(replicas, "ttl")) - ttl0 == 0  # none stranded
+    assert wait_for(lambda: all_free(replicas))
+
+
+def test_round_robin_sends_next_turns_where_the_pin_is_not(replicas):
+    """The control: strict rotation puts turn 2 on the other replica, and a
+    pin left behind by the job's second-to-last turn can only lapse."""
+    assert wait_for(lambda: all_free(replicas))
+    handoff0, ttl0 = sum(released(replicas, "handoff")), sum(released(replicas, "ttl"))
+    with VLLMRouter([s.url for s in replicas], "round_robin") as router:
+        turns = run_job(router.url, "rr-0", 4, replicas, tool_s=SHORT_TOOL_S)
+    where = [replica for replica, _ in turns]
+    assert where[1] != where[0] and where[2] != where[1] and where[3] != where[2], where
+    # Turn 2 found no pin of the job on its replica: only the system prompt
+    # (shared with the other tests' jobs) can be cached there.
+    assert turns[1][1]["usage"]["prompt_tokens_details"]["cached_tokens"] < turns[0][1]["usage"]["prompt_tokens"] - 32
+    assert wait_for(lambda: sum(released(replicas, "ttl")) - ttl0 >= 1)  # turn 3's pin, stranded
+    assert sum(released(replicas, "handoff")) - handoff0 < 3
+    assert wait_for(lambda: all_free(replicas))
+
+
+def test_a_job_moved_off_a_drained_replica_is_served_elsewhere_and_its_old_pin_frees(replicas):
+    assert wait_for(lambda: all_free(replicas))
+    with VLLMRouter([s.url for s in replicas], "consistent_hash") as router:
+        messages = [{"role": "system", "content": text("system", 60)},
+                    {"role": "user", "content": text("moved", 80)}]
+        before = served(replicas)
+        first = ask(router.url, "moved", messages, last=False, tool_s=SHORT_TOOL_S)
+        home = which(before, served(replicas))
+        ttl_home = released(replicas, "ttl")[home]
+        assert replicas[home].metric("vllm_continuum:pinned_blocks") > 0
+        # Drain: the router stops sending to the job's replica.
+        r = requests.post(router.url + "/remove_worker", params={"url": replicas[home].url}, timeout=10)
+        assert r.status_code in (200, 202), r.text
+        messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": text("moved-out0", 40)}]
+        before = served(replicas)
+        second = ask(router.url, "moved", messages, last=True)
+        elsewhere = which(before, served(replicas))
+    assert elsewhere != home
+    # Served in full on the new replica (recomputed: no shared KV tier here).
+    assert second["usage"]["completion_tokens"] == 8
+    assert second["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
+    # Nothing leaks where the job was: its pin lapses by TTL and every block frees.
+    assert wait_for(lambda: released(replicas, "ttl")[home] >= ttl_home + 1)
+    assert wait_for(lambda: all_free(replicas))
+
+
+def test_killing_a_replica_mid_run_loses_only_its_pins_and_every_job_completes(replicas):
+    """Last in the module: it kills a replica by PID."""
+    assert wait_for(lambda: all_free(replicas))
+    jobs = [f"kill-{j}" for j in range(6)]
+    first_turn_done = threading.Barrier(len(jobs) + 1)
+    killed = threading.Event()
+    results: dict[str, object] = {}
+    with VLLMRouter([s.url for s in replicas], "consistent_hash") as router:
+        def job(name: str) -> None:
+            try:
+                messages = [{"role": "system", "content": text("system", 60)},
+                            {"role": "user", "content": text(name, 80)}]
+                for t in range(4):
+                    r = ask(router.url, name, messages, last=t == 3, retries=20)
+                    assert r["usage"]["completion_tokens"] == 8
+                    messages += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                                 {"role": "user", "content": text(f"{name}-out{t}", 40)}]
+                    if t == 0:
+                        first_turn_done.wait(timeout=300)
+                        killed.wait(timeout=300)
+                results[name] = "done"
+            except BaseException as e:  # reported below
+                results[name] = e
+
+        threads = [threading.Thread(target=job, args=(name,)) for name in jobs]
+        for t in threads:
+            t.start()
+        first_turn_done.wait(timeout=300)
+        # Every job holds a pin now; kill the replica holding most of them.
+        victim = max(range(2), key=lambda i: replicas[i].metric("vllm_continuum:pinned_jobs"))
+        survivor = replicas[1 - victim]
+        moved = replicas[victim].metric("vllm_continuum:pinned_jobs")
+        assert moved >= 1
+        replicas[victim].kill()
+        killed.set()
+        for t in threads:
+            t.join(timeout=600)
+    assert results == {name: "done" for name in jobs}
+    # The survivor served the moved jobs' remaining turns and ended every job:
+    # no pin and no block left on it.
+    assert wait_for(lambda: all_free([survivor]))
+    assert survivor.metric("vllm_continuum:pinned_jobs") == 0
