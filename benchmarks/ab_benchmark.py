@@ -78,12 +78,12 @@ class Arm(NamedTuple):
     """One configuration under test: the scheduling policy, extra server
     flags, whether it gets the oracle pool, and the CPU offload connector
     (None: off; "holds": the plugin's store; "lru": the same with the
-    store's job holds off)."""
+    store's job holds off; "native": vLLM's own ``OffloadingConnector``)."""
 
     policy: str
     extra_args: tuple[str, ...] = ()
     oracle: bool = False
-    offload: Literal["holds", "lru"] | None = None
+    offload: Literal["holds", "lru", "native"] | None = None
     # False: the client sends no job metadata (needs --tool-calls native).
     tagged: bool = True
 
@@ -102,12 +102,38 @@ def offload_args(cpu_bytes: float, holds: bool = True) -> list[str]:
     return ["--kv-transfer-config", json.dumps(config)]
 
 
+def native_offload_args(cpu_bytes: float) -> list[str]:
+    """vLLM's own CPU offloading as vLLM documents it (``--kv-offloading-size``
+    in GiB, backend ``native``: its ``OffloadingConnector``). On the CPU
+    platform vLLM's spec refuses to start, so the plugin's
+    ``CPUPlatformOffloadingSpec`` is named (same connector, manager and
+    eviction; host copies). Replies are stored too
+    (``offload_prompt_only: false``), as the plugin's connector does: an
+    agent's next turn re-sends them."""
+    extra: dict[str, Any] = {"offload_prompt_only": False}
+    if not has_cuda():
+        extra["spec_name"] = "CPUPlatformOffloadingSpec"
+    return ["--kv-offloading-size", f"{cpu_bytes / 2**30:.6f}", "--kv-offloading-backend", "native",
+            "--kv-transfer-config", json.dumps({"kv_connector_extra_config": extra})]
+
+
+def has_cuda() -> bool:
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    return smi is not None and subprocess.run([smi], capture_output=True).returncode == 0
+
+
 ARMS: dict[str, Arm] = {
     "fcfs": Arm("fcfs"),
     "offload": Arm("fcfs", offload="holds"),  # stock scheduling + CPU offload (LMCache-style)
     "continuum-offload": Arm("continuum", offload="holds"),
     # Ablation: Continuum + offload with the store's job holds off (plain LRU).
     "continuum-offload-lru": Arm("continuum", offload="lru"),
+    # vLLM's own offloading (OffloadingConnector), alone and under Continuum.
+    "native-offload": Arm("fcfs", offload="native"),
+    "continuum-native-offload": Arm("continuum", offload="native"),
     "continuum": Arm("continuum"),
     # An unchanged agent: no job id, no last-step flag, native tool calls.
     "continuum-untagged": Arm("continuum", tagged=False),
@@ -374,7 +400,8 @@ def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str
         "--enable-prompt-tokens-details",
         *(["--enforce-eager"] if args.enforce_eager else []),
         *extra,
-        *(offload_args(args.offload_cpu_bytes, holds=offload == "holds") if offload else ()),
+        *(native_offload_args(args.offload_cpu_bytes) if offload == "native"
+          else offload_args(args.offload_cpu_bytes, holds=offload == "holds") if offload else ()),
         *(["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", CHAT_TEMPLATE]
           if args.tool_calls == "native" else ()),
         *args.server_arg,
@@ -479,6 +506,8 @@ def arm_summary(result: ArmResult) -> dict[str, Any]:
         "offload_reload_tokens": delta("vllm_continuum:kv_offload_load_hit_tokens_total"),
         "offload_stored_blocks": delta("vllm_continuum:kv_offload_stored_blocks_total"),
         "offload_evicted_blocks": delta("vllm_continuum:kv_offload_evicted_blocks_total"),
+        # Prompt tokens any KV connector served (vLLM's own count: both stores).
+        "external_hit_tokens": delta("vllm:external_prefix_cache_hits_total"),
         "errors": [j.error for j in result.jobs if j.error],
     }
 
@@ -515,11 +544,12 @@ def print_report(results: list[ArmResult]) -> list[dict[str, Any]]:
     print(f"\n== load {results[0].jobs_per_s} jobs/s ==")
     print(format_table(rows, columns))
     print("pins released by reason: " + "; ".join(f"{r['arm']}: {r['released_text']}" for r in rows))
-    offload_rows = [r for r in rows if r["offload_stored_blocks"]]
+    offload_rows = [r for r in rows if r["offload_stored_blocks"] or r["external_hit_tokens"]]
     if offload_rows:
-        print("CPU store: " + "; ".join(
-            f"{r['arm']}: reloaded {r['offload_reload_tokens']:.0f} tokens, stored "
-            f"{r['offload_stored_blocks']:.0f} blocks, evicted {r['offload_evicted_blocks']:.0f}"
+        print("CPU store (prompt tokens loaded from it, vLLM's external prefix-cache hits): " + "; ".join(
+            f"{r['arm']}: {r['external_hit_tokens']:.0f} tokens"
+            + (f" (plugin store: stored {r['offload_stored_blocks']:.0f} blocks, evicted "
+               f"{r['offload_evicted_blocks']:.0f})" if r["offload_stored_blocks"] else "")
             for r in offload_rows
         ))
     turn_rows = []

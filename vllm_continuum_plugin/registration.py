@@ -123,7 +123,9 @@ def _document_policies_in_help(arg_utils: ModuleType, config_cls: type) -> None:
 
 
 def _register_connector() -> None:
-    """Let users name ``ContinuumOffloadConnector`` without a module path."""
+    """Let users name ``ContinuumOffloadConnector`` (and, for vLLM's own
+    ``OffloadingConnector`` on CPU, the ``CPUPlatformOffloadingSpec`` spec)
+    without a module path."""
     try:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     except Exception:  # layout differs: the module-path spelling still works
@@ -133,6 +135,15 @@ def _register_connector() -> None:
         KVConnectorFactory.register_connector(
             name, "vllm_continuum_plugin.connectors.kv_offload", "ContinuumOffloadConnector"
         )
+    # vLLM's own OffloadingConnector on the CPU platform: a new spec name,
+    # used only where a --kv-transfer-config names it.
+    try:
+        from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    except Exception:
+        return
+    spec = "CPUPlatformOffloadingSpec"
+    if spec not in getattr(OffloadingSpecFactory, "_registry", {}):
+        OffloadingSpecFactory.register_spec(spec, "vllm_continuum_plugin.connectors.native_offload", spec)
 
 
 # ----------------------------------------------------------------------

@@ -1,0 +1,97 @@
+"""Continuum on top of vLLM's own CPU KV offloading (``OffloadingConnector``).
+
+vLLM configured the way it documents native offloading
+(``--kv-offloading-size``, ``--kv-offloading-backend native``); on this CPU
+platform the plugin's ``CPUPlatformOffloadingSpec`` is named as the spec
+(vLLM's own refuses non-GPU platforms). The check: a job's pin lapses, other
+traffic evicts the job's blocks from the GPU prefix cache, and the job's next
+turn loads them from vLLM's offload store -- the same tokens a cold recompute
+gives.
+
+No check races the TTL: the pin is waited for through the ``ttl`` release
+counter, bounded by ``wait_for``'s 120 s.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import requests
+from harness import DEFAULT_MODEL, wait_for
+
+from vllm_continuum_plugin.benchmarks.ab_benchmark import native_offload_args
+from vllm_continuum_plugin.benchmarks.server import VLLMServer
+
+pytestmark = pytest.mark.e2e
+
+WORDS = "the file test function error value return module class import line call result".split()
+
+
+def text(tag: str, n: int) -> str:
+    return tag + ": " + " ".join(WORDS[(i * 5 + len(tag)) % len(WORDS)] for i in range(n))
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not os.path.isdir(DEFAULT_MODEL):
+        pytest.fail(f"embedded model missing at {DEFAULT_MODEL}: run scripts/setup.sh")
+    args = [
+        "--scheduling-policy", "continuum", "--block-size", "32", "--num-gpu-blocks-override", "48",
+        "--kv-cache-memory-bytes", "400000000", "--max-model-len", "1024", "--enforce-eager",
+        "--enable-prompt-tokens-details",
+        *native_offload_args(250_000_000),
+    ]
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+    with VLLMServer(DEFAULT_MODEL, args, served_name="smollm2", env=env) as srv:
+        yield srv
+
+
+def chat(server, job: str, messages: list[dict], last: bool, **extra) -> dict:
+    body = {"model": "smollm2", "messages": messages, "max_tokens": 12, "temperature": 0.0,
+            "ignore_eos": True, "job_id": job, "is_last_step": last, **extra}
+    r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_lapsed_pin_is_reloaded_from_vllms_offload_store_exactly(server):
+    # vLLM's OffloadingConnector is the one serving (its own metrics).
+    assert "vllm:kv_offload_store_bytes" in requests.get(server.url + "/metrics", timeout=10).text
+    messages = [{"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": text("task", 380)}]
+    first = chat(server, "native-job", messages, last=False, expected_tool_seconds=0.3)
+    prompt1 = first["usage"]["prompt_tokens"]
+    assert wait_for(lambda: server.metric("vllm_continuum:pins_created") >= 1)
+    # The tool takes longer than the TTL: the pin lapses, the blocks are free...
+    assert wait_for(lambda: server.metric("vllm_continuum:pins_released_total", reason="ttl") >= 1)
+    # ...and other jobs' prompts take the whole 48-block pool.
+    for i in range(4):
+        chat(server, f"flood-{i}", [{"role": "user", "content": text(f"other {i}", 380)}], last=True)
+    stored = server.metric("vllm:kv_offload_store_bytes")
+    assert stored > 0
+    external0 = server.metric("vllm:external_prefix_cache_hits_total")
+
+    messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": text("tool output", 40)}]
+    second = chat(server, "native-job", messages, last=True, logprobs=True)
+    loaded = server.metric("vllm:external_prefix_cache_hits_total") - external0
+    # The turn-1 prefix came back from vLLM's store, not from a recompute.
+    assert loaded >= (prompt1 // 32 - 1) * 32, (loaded, prompt1)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= loaded
+
+    # Reference: the same request recomputed cold (GPU cache and store reset).
+    r = requests.post(server.url + "/reset_prefix_cache", params={"reset_external": "true"}, timeout=60)
+    assert r.status_code == 200, r.text
+    external1 = server.metric("vllm:external_prefix_cache_hits_total")
+    cold = chat(server, "reference", messages, last=True, logprobs=True)
+    assert server.metric("vllm:external_prefix_cache_hits_total") == external1
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    tokens = lambda r: [t["token"] for t in r["choices"][0]["logprobs"]["content"]]  # noqa: E731
+    assert tokens(second) == tokens(cold)
+    diff = max(abs(a["logprob"] - b["logprob"]) for a, b in zip(
+        second["choices"][0]["logprobs"]["content"], cold["choices"][0]["logprobs"]["content"]))
+    assert diff < 2e-2, diff
+    # Every pin ended, every block is free.
+    assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0)
+    assert wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") == 0)
