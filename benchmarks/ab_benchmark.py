@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -50,6 +51,7 @@ import openai
 import requests
 
 from .dtype import cpu_name, dtype_bytes, serving_dtype
+from .lmcache_server import LMCacheServer
 from .mswea_agents import FINISH, hermes_regex
 from .server import VLLMServer, parse_metrics
 from .stats import format_table, gap_closed, relative_change, summarize
@@ -78,12 +80,13 @@ class Arm(NamedTuple):
     """One configuration under test: the scheduling policy, extra server
     flags, whether it gets the oracle pool, and the CPU offload connector
     (None: off; "holds": the plugin's store; "lru": the same with the
-    store's job holds off; "native": vLLM's own ``OffloadingConnector``)."""
+    store's job holds off; "native": vLLM's own ``OffloadingConnector``;
+    "lmcache": an LMCache 0.5 server per arm + vLLM's ``LMCacheMPConnector``)."""
 
     policy: str
     extra_args: tuple[str, ...] = ()
     oracle: bool = False
-    offload: Literal["holds", "lru", "native"] | None = None
+    offload: Literal["holds", "lru", "native", "lmcache"] | None = None
     # False: the client sends no job metadata (needs --tool-calls native).
     tagged: bool = True
 
@@ -134,6 +137,9 @@ ARMS: dict[str, Arm] = {
     # vLLM's own offloading (OffloadingConnector), alone and under Continuum.
     "native-offload": Arm("fcfs", offload="native"),
     "continuum-native-offload": Arm("continuum", offload="native"),
+    # LMCache 0.5 (its own server process), alone and under Continuum.
+    "lmcache": Arm("fcfs", offload="lmcache"),
+    "continuum-lmcache": Arm("continuum", offload="lmcache"),
     "continuum": Arm("continuum"),
     # An unchanged agent: no job id, no last-step flag, native tool calls.
     "continuum-untagged": Arm("continuum", tagged=False),
@@ -401,7 +407,8 @@ def server_args(args: argparse.Namespace, arm: str, jobs: list[Job]) -> list[str
         *(["--enforce-eager"] if args.enforce_eager else []),
         *extra,
         *(native_offload_args(args.offload_cpu_bytes) if offload == "native"
-          else offload_args(args.offload_cpu_bytes, holds=offload == "holds") if offload else ()),
+          else offload_args(args.offload_cpu_bytes, holds=offload == "holds") if offload in ("holds", "lru")
+          else ()),  # lmcache: run_arm adds its server's address
         *(["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", CHAT_TEMPLATE]
           if args.tool_calls == "native" else ()),
         *args.server_arg,
@@ -444,8 +451,16 @@ def run_arm(args: argparse.Namespace, arm: str, jobs: list[Job], jobs_per_s: flo
 
     if args.url:
         return execute(args.url.rstrip("/"))
-    with VLLMServer(args.model, server_args(args, arm, jobs), served_name=args.served_name,
-                    env=server_env(args)) as server:
+    with contextlib.ExitStack() as stack:
+        extra: list[str] = []
+        if ARMS[arm].offload == "lmcache":
+            # One LMCache server per arm, its CPU tier the same budget as
+            # the other offload arms' stores.
+            lmcache = stack.enter_context(LMCacheServer(l1_gb=args.offload_cpu_bytes / 2**30))
+            extra = lmcache.vllm_args()
+        server = stack.enter_context(VLLMServer(
+            args.model, server_args(args, arm, jobs) + extra, served_name=args.served_name,
+            env=server_env(args)))
         print(f"  [{arm}] server ready ({server.url}, log {server.log_path})", flush=True)
         return execute(server.url)
 

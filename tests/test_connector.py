@@ -27,7 +27,7 @@ from harness import DEFAULT_MODEL, ENGINE_DTYPE, TINY_MODEL
 
 from vllm_continuum_plugin.connectors import CONNECTOR_MODULE as MODULE
 from vllm_continuum_plugin.benchmarks.dtype import dtype_bytes
-from vllm_continuum_plugin.connectors import cpu_store, kv_offload, lmcache_store, offload_metrics
+from vllm_continuum_plugin.connectors import cpu_store, kv_offload, offload_metrics
 
 CPUStore = cpu_store.CPUStore
 
@@ -456,13 +456,10 @@ def test_settings_are_validated():
     for bad in (-1, "soon", float("nan"), float("inf")):
         with pytest.raises(ValueError, match="hold_seconds"):
             kv_offload.OffloadSettings.from_extra_config({"hold_seconds": bad})
-
-
-def test_lmcache_backend_fails_clearly_when_lmcache_is_missing():
-    if lmcache_store.lmcache_available():
-        pytest.skip("lmcache is installed")
-    with pytest.raises(RuntimeError, match="lmcache"):
-        lmcache_store.LMCacheStore(10**6, block_nbytes=1024)
+    # The LMCache 0.3 backend is gone: a config naming it says where LMCache 0.5 lives.
+    for old in ({"store_backend": "lmcache"}, {"lmcache_config": {}}):
+        with pytest.raises(ValueError, match="LMCacheMPConnector"):
+            kv_offload.OffloadSettings.from_extra_config(old)
 
 
 def test_stats_payload_aggregates_and_exports():
@@ -925,39 +922,6 @@ def test_f_store_holds_a_waiting_jobs_blocks_through_a_flood(tiny):
         side.hold_seconds = saved
     assert conn.index.held_bytes == 0 and not side.job_holds and not side.pending_holds
     _assert_nothing_leaked(llm)
-
-
-def test_lmcache_backend_reload_is_exact(env):
-    """``store_backend="lmcache"``: payloads live in LMCache's allocator
-    (its CPU ``TensorMemoryAllocator`` here); a reload after the GPU copy
-    was dropped gives the same tokens and logprobs, and evicted or dropped
-    entries give their memory objects back. Runs only where the optional
-    ``lmcache`` package is importable (it is not installed by CI)."""
-    if not lmcache_store.lmcache_available():
-        pytest.skip("lmcache is not installed")
-    llm = _Engines.get("tiny-lmcache", lambda: _make_llm(
-        TINY_MODEL, cpu_bytes=STORE_BLOCKS * _block_bytes(TINY_MODEL), num_blocks=GPU_BLOCKS,
-        max_model_len=512, store_backend="lmcache",
-    ))
-    conn = _sched(llm).connector
-    store = _worker_connector().worker_store
-    assert type(store).__name__ == "LMCacheStore"
-    prompts = _random_prompts(9, 200, seed=13)  # 54 blocks through a 40-block store
-    params = _greedy(6, 3)
-    for i in range(0, 8, 3):
-        llm.generate([_ids(p) for p in prompts[i : min(i + 3, 8)]], _greedy(2, None), use_tqdm=False)
-    # Computed cold, alone (a batch of other prompts would change the float
-    # reduction order, not the KV).
-    cold = _tokens_and_logprobs(llm.generate([_ids(prompts[-1])], params, use_tqdm=False)[0])
-    assert conn.totals()["evicted_blocks"] > 0
-    assert len(store._objs) == len(store)  # evicted entries released their memory objects
-    assert llm.reset_prefix_cache()  # the GPU copy is gone; the store keeps its copy
-    before = conn.totals().get("load_hit_tokens", 0)
-    reloaded = _tokens_and_logprobs(llm.generate([_ids(prompts[-1])], params, use_tqdm=False)[0])
-    assert conn.totals()["load_hit_tokens"] - before == 192
-    assert reloaded[0] == cold[0] and max(abs(a - b) for a, b in zip(reloaded[1], cold[1])) == 0.0
-    _assert_store_consistent(llm)
-    _Engines.close()
 
 
 def _run_and_abort(llm, request_id: str, prompt: list[int], steps: int) -> None:
