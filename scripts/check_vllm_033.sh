@@ -22,6 +22,7 @@
 #   CONTINUUM_MODELS        models dir (default ~/.cache/vllm-continuum/models);
 #                           only tiny-llama's config/tokenizer is read (built
 #                           here with scripts/build_models.py if missing)
+#   CONTINUUM_VLLM033_TESTS test paths to run instead of the list below
 #   VLLM_TARGET_DEVICE      exported as "cpu" unless set: without it vLLM 0.33
 #                           (a CUDA wheel, version "0.33.0" without "+cpu")
 #                           detects no platform (UnspecifiedPlatform) and
@@ -83,6 +84,13 @@ TESTS=(
 # than by test name, so renamed or added tests need no change here.
 TESTS+=(tests/test_connector.py)
 ENGINE_FIXTURES="env"
+# CONTINUUM_VLLM033_TESTS (space-separated paths) replaces the list, e.g. only
+# the modules that touch vLLM, for a tight CI budget:
+#   CONTINUUM_VLLM033_TESTS="tests/test_queue_and_registration.py tests/test_scheduler.py
+#     tests/test_implicit_scheduler.py tests/test_implicit_jobs.py tests/test_connector.py"
+if [ -n "${CONTINUUM_VLLM033_TESTS:-}" ]; then
+  read -r -a TESTS <<< "$CONTINUUM_VLLM033_TESTS"
+fi
 
 t0=$(date +%s)
 log() { echo "[vllm-0.33 +$(( $(date +%s) - t0 ))s] $*"; }
@@ -142,12 +150,36 @@ fi
 export VLLM_TARGET_DEVICE=${VLLM_TARGET_DEVICE:-cpu}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export CONTINUUM_MODELS="$MODELS"
+# A pytest plugin of this script's own (written into the venv, nothing in the
+# repository changes): prints which vLLM the test process itself imported and
+# refuses any other than $VLLM_VERSION from this venv; deselects
+# test_connector.py's engine tests (see ENGINE_FIXTURES).
 mkdir -p "$VENV/continuum-pytest"
-cat > "$VENV/continuum-pytest/continuum_engine_free.py" <<'PYEOF'
-"""Deselect test_connector.py's tests whose fixtures start a vLLM engine."""
+cat > "$VENV/continuum-pytest/continuum_vllm033.py" <<'PYEOF'
 import os
 
+import pytest
+
 ENGINE_FIXTURES = set(os.environ.get("CONTINUUM_ENGINE_FIXTURES", "env").split())
+
+
+def pytest_sessionstart(session):
+    import torch
+    import vllm
+    from vllm.platforms import current_platform
+
+    want = os.environ["CONTINUUM_VLLM033_VERSION"]
+    venv = os.path.realpath(os.environ["CONTINUUM_VLLM033_VENV_PATH"])
+    path = os.path.realpath(vllm.__file__)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in (
+        f"[vllm-0.33] vllm {vllm.__version__} imported from {path}",
+        f"[vllm-0.33] torch {torch.__version__}, platform {type(current_platform).__name__}, "
+        f"VLLM_TARGET_DEVICE={os.environ.get('VLLM_TARGET_DEVICE')}",
+    ):
+        reporter.write_line(line)
+    if vllm.__version__ != want or not path.startswith(venv + os.sep):
+        raise pytest.UsageError(f"expected vllm {want} from {venv}, got {vllm.__version__} from {path}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -160,21 +192,8 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=engine)
         items[:] = [item for item in items if item not in engine]
 PYEOF
-export PYTHONPATH="$VENV/continuum-pytest" CONTINUUM_ENGINE_FIXTURES="$ENGINE_FIXTURES"
+export PYTHONPATH="$VENV/continuum-pytest" CONTINUUM_ENGINE_FIXTURES="$ENGINE_FIXTURES" \
+  CONTINUUM_VLLM033_VERSION="$VLLM_VERSION" CONTINUUM_VLLM033_VENV_PATH="$VENV"
 log "set-up done"
 
-# Which vLLM the tests import: refuse anything but 0.33.0 from this venv.
-"$PY" - "$VLLM_VERSION" "$VENV" <<'PYEOF'
-import os, sys
-import torch, vllm
-from vllm.platforms import current_platform
-want, venv = sys.argv[1], os.path.realpath(sys.argv[2])
-path = os.path.realpath(vllm.__file__)
-print(f"[vllm-0.33] vllm {vllm.__version__} imported from {path}")
-print(f"[vllm-0.33] torch {torch.__version__}, platform {type(current_platform).__name__}, "
-      f"VLLM_TARGET_DEVICE={os.environ.get('VLLM_TARGET_DEVICE')}")
-if vllm.__version__ != want or not path.startswith(venv + os.sep):
-    sys.exit(f"[vllm-0.33] expected vllm {want} from {venv}")
-PYEOF
-
-exec "$PY" -m pytest -p no:cacheprovider -p continuum_engine_free -ra -q "${TESTS[@]}" "$@"
+exec "$PY" -m pytest -p no:cacheprovider -p continuum_vllm033 -ra -q "${TESTS[@]}" "$@"
