@@ -132,3 +132,32 @@ def test_finish_actions_from_a_json_list_or_a_string():
     cfg = load_config(None, environ=env)
     assert cfg.finish_action_list == ("finish", "exit 0") and cfg.implicit_jobs is False
     assert "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in ContinuumConfig().finish_action_list
+
+
+def _envelope(*actions):
+    from vllm.v1.kv_hints.protocol import KvHintAction, KvHintsEnvelope
+
+    return KvHintsEnvelope(protocol_version="1", message_id="m1", actions=[
+        KvHintAction(action_id=f"a{i}", action_type=t, action_version=v, payload=p)
+        for i, (t, v, p) in enumerate(actions)
+    ])
+
+
+def test_vllm_kv_hints_are_one_more_metadata_form():
+    """vLLM's typed KvHintsEnvelope (Request.kv_hints): the plugin reads its
+    own action, leaves other components' actions alone, and the
+    vllm_xargs/top-level fields win per field."""
+    hints = _envelope(("offload.prefetch", "1", {"anything": 1}),
+                      ("vllm_continuum.job", "1", {"job_id": "h-1", "is_last_step": "true",
+                                                   "expected_tool_seconds": 2}))
+    assert parse_metadata(None, kv_hints=hints) == JobMetadata("h-1", True, None, None, 2.0)
+    assert parse_metadata({"is_last_step": False}, kv_hints=hints).is_last_step is False
+    assert parse_metadata(None, session_id="s", kv_hints=hints).job_id == "h-1"
+    assert parse_metadata(None, session_id="s", kv_hints=_envelope(("other", "1", {}))).job_id == "s"
+    for bad, named in [
+        (("vllm_continuum.job", "2", {"job_id": "x"}), "action_version"),
+        (("vllm_continuum.job", "1", {"jobid": "x"}), "payload key"),
+        (("vllm_continuum.job", "1", {"job_id": ["x"]}), "job_id"),
+    ]:
+        with pytest.raises(MetadataError, match=named):
+            parse_metadata(None, kv_hints=_envelope(bad))

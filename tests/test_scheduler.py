@@ -716,3 +716,31 @@ def test_soft_pins_wrap_allocations_only_when_one_could_fail():
     out = step(tight)
     assert "allocate_slots" in vars(tight.kv_cache_manager) and tight.soft_pins.armed
     assert admitted_cached_tokens(out, big) == 0 and tight.continuum_metrics.snapshot()["pins_released"]["pressure"] >= 1
+
+
+def test_vllm_kv_hints_tag_a_request_the_engine_received_without_other_metadata():
+    """An engine-level caller (LLMEngine/AsyncLLM ``kv_hints=``) tags a job
+    through vLLM's typed KV hints alone: its turn is pinned under that job
+    and handed over to the next turn; a last step in the hints ends it."""
+    from vllm.v1.kv_hints.protocol import KvHintAction, KvHintsEnvelope
+
+    def hinted(prompt: list[int], last: bool):
+        r = make_request(prompt)
+        r.kv_hints = KvHintsEnvelope(protocol_version="1", message_id=r.request_id, actions=[
+            KvHintAction(action_id="0", action_type="vllm_continuum.job", action_version="1",
+                         payload={"job_id": "hinted", "is_last_step": last})])
+        return r
+
+    s = make_scheduler(num_blocks=64)
+    prompt = list(range(1, 100))
+    r1 = hinted(prompt, False)
+    s.add_request(r1)
+    run_until_finished(s, [r1])
+    assert "hinted" in s.pins
+    r2 = hinted(next_turn_prompt(prompt, r1), True)
+    s.add_request(r2)
+    step(s)
+    assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] == 1
+    run_until_finished(s, [r2])
+    assert "hinted" not in s.pins
+    assert_all_blocks_free(s)

@@ -7,7 +7,13 @@ Clients send it in any of these forms (first match wins per field):
 2. ``extra_body={"job_id": "j1", "is_last_step": false}`` (top-level fields,
    the form the field report's clients send; the plugin copies them into
    ``extra_args`` in the API server, where stock vLLM would drop them);
-3. vLLM's ``session_id`` (body field or ``X-Session-ID`` header) as job id.
+3. vLLM's typed KV hints (``Request.kv_hints``, a ``KvHintsEnvelope``;
+   engine-level in vLLM 0.32 and 0.33 -- ``LLMEngine.add_request`` /
+   ``AsyncLLM.generate(kv_hints=...)``, not yet an HTTP field): an action
+   with ``action_type`` ``"vllm_continuum.job"`` and ``action_version``
+   ``"1"`` whose ``payload`` holds the fields above; other action types are
+   left to their owners;
+4. vLLM's ``session_id`` (body field or ``X-Session-ID`` header) as job id.
 
 Booleans may arrive as JSON booleans, 0/1 or the strings "true"/"false"
 (any case) -- ``vllm_xargs`` turns JSON booleans into 0/1 on the way. The API
@@ -30,8 +36,10 @@ __all__ = [
     "JOB_ID",
     "IS_LAST_STEP",
     "JobMetadata",
+    "KV_HINT_ACTION",
     "MetadataError",
     "METADATA_FIELDS",
+    "kv_hint_fields",
     "parse_bool",
     "parse_metadata",
     "request_meta",
@@ -161,13 +169,45 @@ def _parse_seconds(value: Any) -> float | None:
     return seconds
 
 
-def parse_metadata(extra_args: Mapping[str, Any] | None, session_id: str | None = None) -> JobMetadata:
+KV_HINT_ACTION = "vllm_continuum.job"
+KV_HINT_VERSIONS = ("1",)
+
+
+def kv_hint_fields(kv_hints: Any) -> dict[str, Any]:
+    """The plugin's fields from a vLLM ``KvHintsEnvelope`` (or ``None``):
+    the payload of its ``vllm_continuum.job`` action; ``{}`` when it has
+    none. Raises ``MetadataError`` for a version or payload key it does not
+    know, naming it."""
+    if kv_hints is None:
+        return {}
+    for action in getattr(kv_hints, "actions", None) or ():
+        if getattr(action, "action_type", None) != KV_HINT_ACTION:
+            continue  # another component's hint
+        version = getattr(action, "action_version", None)
+        if version not in KV_HINT_VERSIONS:
+            raise MetadataError(f"kv_hints {KV_HINT_ACTION} action_version", _shown(version),
+                                f"one of {list(KV_HINT_VERSIONS)}")
+        payload = getattr(action, "payload", None)
+        if not isinstance(payload, Mapping):
+            raise MetadataError(f"kv_hints {KV_HINT_ACTION} payload", _shown(payload), "an object")
+        unknown = sorted(str(k) for k in payload if k not in METADATA_FIELDS)
+        if unknown:
+            raise MetadataError(f"kv_hints {KV_HINT_ACTION} payload key", _shown(unknown),
+                                f"only {list(METADATA_FIELDS)}")
+        return dict(payload)
+    return {}
+
+
+def parse_metadata(
+    extra_args: Mapping[str, Any] | None, session_id: str | None = None, kv_hints: Any = None
+) -> JobMetadata:
     """Parse metadata strictly; raises ``MetadataError`` on a bad field.
 
     ``extra_args`` is ``SamplingParams.extra_args`` (already merged with the
-    top-level fields by the API patch); ``session_id`` is the fallback job id.
+    top-level fields by the API patch) and wins per field over ``kv_hints``
+    (vLLM's typed hints, see module doc); ``session_id`` is the fallback job id.
     """
-    args = extra_args or {}
+    args = {**kv_hint_fields(kv_hints), **(extra_args or {})}
     job_id = parse_job_id(args.get(JOB_ID))
     if job_id is None and session_id:
         job_id = parse_job_id(session_id, "session_id")

@@ -251,7 +251,9 @@ class ContinuumSchedulerMixin:
         params = request.sampling_params
         extra_args = params.extra_args if params is not None else None
         try:
-            return parse_metadata(extra_args, getattr(request, "session_id", None))
+            return parse_metadata(
+                extra_args, getattr(request, "session_id", None), getattr(request, "kv_hints", None)
+            )
         except MetadataError as e:
             # The API server rejects these with HTTP 400; only offline callers
             # reach here. Never fail the engine: serve as an untagged request.
