@@ -229,6 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.prog = "vllm-continuum-router-ab"
     p.description = __doc__
     p.set_defaults(arms="continuum", jobs=12, jobs_per_s="0.25", out="results/router_ab")
+    for action in p._actions:  # the A/B runner's options that mean something else here
+        if action.dest == "arms":
+            action.help = ("the one arm every replica serves (default: continuum; e.g. context_serve, or "
+                           "continuum-untagged with --tool-calls native and --routes ...,cache_aware)")
+        elif action.dest == "jobs_per_s":
+            action.help = "Poisson arrival rate, one value (default: 0.25)"
+        elif action.dest == "url":
+            action.help = argparse.SUPPRESS
     p.add_argument("--replicas", type=int, default=2, help="vllm serve replicas behind the router (default: 2)")
     p.add_argument("--replica-cores", default=",".join(str(i) for i in range(os.cpu_count() or 1)),
                    help="comma-separated CPU cores, replica i computes on core i mod n (default: every core)")
