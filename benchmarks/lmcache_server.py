@@ -21,15 +21,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from typing import Any
 
-import requests
-
+from .process import ManagedProcess, http_ok
 from .server import free_port
 
 
@@ -44,10 +39,13 @@ def lmcache_executable() -> str:
     return found
 
 
-class LMCacheServer:
+class LMCacheServer(ManagedProcess):
     """One ``lmcache server`` with an ``l1_gb`` CPU tier on free ports."""
 
+    name = "lmcache server"
+
     def __init__(self, l1_gb: float = 1.0, chunk_size: int = 256) -> None:
+        super().__init__("lmcache-server-", {"LMCACHE_TRACK_USAGE": "false", "LMCACHE_DISABLE_BANNER": "1"})
         self.port = free_port()
         self.http_port = free_port()
         self.prometheus_port = free_port()
@@ -60,15 +58,6 @@ class LMCacheServer:
             "--chunk-size", str(chunk_size),
             "--supported-transfer-mode", "auto",
         ]
-        self.log_path = tempfile.mkstemp(prefix="lmcache-server-", suffix=".log")[1]
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "LMCacheServer":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def connector_extra_config(self) -> dict[str, Any]:
         """``kv_connector_extra_config`` that points vLLM's
@@ -83,37 +72,5 @@ class LMCacheServer:
                 "--kv-transfer-config", json.dumps({"kv_connector_extra_config": self.connector_extra_config()})]
 
     def start(self, timeout_s: float = 120.0) -> None:
-        env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "LMCACHE_DISABLE_BANNER": "1"}
-        log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"lmcache server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if requests.get(f"http://127.0.0.1:{self.http_port}/healthcheck", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError(f"lmcache server not healthy in {timeout_s}s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            with open(self.log_path) as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        self.spawn(self.argv)
+        self.wait_until(lambda: http_ok(f"http://127.0.0.1:{self.http_port}/healthcheck"), timeout_s)

@@ -32,14 +32,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
 
-import requests
-
+from .process import ManagedProcess, http_ok
 from .server import free_port
 
 ROUTER_VENV_ENV = "CONTINUUM_ROUTER_VENV"
@@ -62,8 +58,10 @@ def router_executable() -> str:
     return found
 
 
-class VLLMRouter:
+class VLLMRouter(ManagedProcess):
     """One router process over ``worker_urls`` with one routing ``policy``."""
+
+    name = "vllm-router"
 
     def __init__(
         self,
@@ -78,6 +76,7 @@ class VLLMRouter:
             raise ValueError(f"unknown router policy {policy!r}; known: {', '.join(POLICIES)}")
         if not worker_urls:
             raise ValueError("a router needs at least one worker URL")
+        super().__init__("vllm-router-")
         self.worker_urls = list(worker_urls)
         self.policy = policy
         self.port = free_port()
@@ -96,53 +95,14 @@ class VLLMRouter:
             *extra_args,
             "--worker-urls", *self.worker_urls,  # nargs='*': last
         ]
-        self.log_path = tempfile.mkstemp(prefix="vllm-router-", suffix=".log")[1]
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "VLLMRouter":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def start(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         for url in self.worker_urls:  # the router itself waits for one only
-            while not _ok(url + "/health"):
+            while not http_ok(url + "/health"):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"worker {url} not healthy in {timeout_s}s")
                 time.sleep(0.2)
-        log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        while not _ok(self.url + "/readiness"):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm-router exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"vllm-router not ready in {timeout_s}s:\n{self.log_tail()}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=5)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            with open(self.log_path) as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def _ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
+        self.spawn(self.argv)
+        self.wait_until(lambda: http_ok(self.url + "/readiness"), max(1.0, deadline - time.monotonic()),
+                        interval_s=0.1)

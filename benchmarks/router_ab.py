@@ -36,7 +36,7 @@ import requests
 from . import ab_benchmark as ab
 from .dtype import cpu_name
 from .router import POLICIES, VLLMRouter
-from .server import VLLMServer, parse_metrics
+from .server import VLLMServer, metric_sum, parse_metrics
 from .stats import format_table, summarize
 from .workload import PRESETS, generate_jobs
 
@@ -67,13 +67,7 @@ class RouteResult:
 
 
 def _delta(after: dict[str, float], before: dict[str, float], name: str, **labels: str) -> float:
-    def total(m: dict[str, float]) -> float:
-        out = 0.0
-        for key, value in m.items():
-            if key.startswith(name) and all(f'{k}="{v}"' in key for k, v in labels.items()):
-                out += value
-        return out
-    return total(after) - total(before)
+    return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
 
 
 def _scrape(url: str) -> dict[str, float] | None:
@@ -170,10 +164,10 @@ def run_route(args: argparse.Namespace, route: str, jobs: list[Any]) -> RouteRes
             ))
             if killer is not None:
                 killer.join()
-        live = [r.url for r in replicas if r.proc is not None and r.proc.poll() is None]
+        live = [r.url for r in replicas if r.alive()]
         wait_pins_settled(live, args.settle_timeout)
         time.sleep(0.3)  # the plugin publishes its counters every 0.1 s
-        after = [_scrape(r.url) if r.proc is not None and r.proc.poll() is None else None for r in replicas]
+        after = [_scrape(r.url) if r.alive() else None for r in replicas]
         rows = [replica_row(route, i, b, a) for i, (b, a) in enumerate(zip(before, after))]
         return RouteResult(route, records, rows, makespan, killed_at[0] if killed_at else None)
     finally:

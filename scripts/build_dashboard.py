@@ -44,6 +44,10 @@ def quantile(q: float, metric: str, by: str = "") -> str:
     return f"histogram_quantile({q}, sum by ({labels}) (rate({metric}_bucket{{{INST}}}[{RATE}])))"
 
 
+def p50_p90(metric: str) -> list[tuple[str, str]]:
+    return [(quantile(0.5, metric), "p50"), (quantile(0.9, metric), "p90")]
+
+
 class Layout:
     """Places panels on Grafana's 24-column grid, row by row."""
 
@@ -173,14 +177,8 @@ def build() -> dict[str, Any]:
     ], unit="ops")
 
     g.row("TTL and tool time")
-    g.panel("TTL chosen (p50 / p90)", [
-        (quantile(0.5, "vllm_continuum:ttl_seconds"), "p50"),
-        (quantile(0.9, "vllm_continuum:ttl_seconds"), "p90"),
-    ], unit="s")
-    g.panel("Measured tool time (p50 / p90)", [
-        (quantile(0.5, "vllm_continuum:tool_seconds"), "p50"),
-        (quantile(0.9, "vllm_continuum:tool_seconds"), "p90"),
-    ], unit="s")
+    g.panel("TTL chosen (p50 / p90)", p50_p90("vllm_continuum:ttl_seconds"), unit="s")
+    g.panel("Measured tool time (p50 / p90)", p50_p90("vllm_continuum:tool_seconds"), unit="s")
     g.panel("Mean TTL vs mean tool time", [
         (f"{rate('vllm_continuum:ttl_seconds_sum')} / {rate('vllm_continuum:ttl_seconds_count')}",
          "TTL {{instance}}"),
@@ -195,10 +193,7 @@ def build() -> dict[str, Any]:
     g.panel("FAST pins by outcome", [
         (rate("vllm_continuum:fast_pins_total", by="outcome"), "{{outcome}}"),
     ], unit="ops", stack=True, w=6)
-    g.panel("Prediction error (p50 / p90)", [
-        (quantile(0.5, "vllm_continuum:prediction_error_seconds"), "p50"),
-        (quantile(0.9, "vllm_continuum:prediction_error_seconds"), "p90"),
-    ], unit="s", w=6)
+    g.panel("Prediction error (p50 / p90)", p50_p90("vllm_continuum:prediction_error_seconds"), unit="s", w=6)
 
     g.row("Jobs")
     g.panel("Jobs ended, by how the end was known", [

@@ -241,3 +241,23 @@ def admitted_cached_tokens(output: Any, request: Request) -> int | None:
         if new_req.req_id == request.request_id:
             return new_req.num_computed_tokens
     return None
+
+
+FILLER_WORDS = "the file test function error value return module class import line call result".split()
+
+
+def filler(tag: str, n: int) -> str:
+    """``tag`` and ``n`` words: a prompt of a known size, distinct per tag."""
+    return tag + ": " + " ".join(FILLER_WORDS[(i * 5 + len(tag)) % len(FILLER_WORDS)] for i in range(n))
+
+
+def post_chat(server: Any, job: str, messages: list[dict], last: bool, model: str = "smollm2",
+              **extra: Any) -> dict:
+    """One greedy 12-token chat turn of ``job`` on ``server`` (200 asserted)."""
+    import requests
+
+    body = {"model": model, "messages": messages, "max_tokens": 12, "temperature": 0.0,
+            "ignore_eos": True, "job_id": job, "is_last_step": last, **extra}
+    r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -22,7 +22,7 @@ import time
 
 import pytest
 import requests
-from harness import TINY_MODEL, wait_for
+from harness import TINY_MODEL, filler, wait_for
 
 from vllm_continuum_plugin.benchmarks.router import VLLMRouter
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
@@ -31,7 +31,6 @@ pytestmark = pytest.mark.e2e
 
 LONG_TTL_S = 600
 SHORT_TOOL_S = 0.3  # -> a TTL of a few seconds: pins that must lapse
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +55,6 @@ def replicas():
     finally:
         for s in servers:
             s.stop()
-
-
-def text(tag: str, n: int) -> str:
-    return tag + " " + " ".join(WORDS[(i * 7 + len(tag)) % len(WORDS)] for i in range(n))
 
 
 def ask(url: str, job: str, messages: list[dict], last: bool, tool_s: float | None = None,
@@ -100,20 +95,20 @@ def released(replicas, reason: str) -> list[float]:
 
 def all_free(replicas) -> bool:
     return all(s.metric("vllm_continuum:pinned_blocks") == 0 and s.metric("vllm:kv_cache_usage_perc") == 0
-               for s in replicas if s.proc.poll() is None)
+               for s in replicas if s.alive())
 
 
 def run_job(url: str, job: str, turns: int, replicas=None, tool_s: float | None = None) -> list[tuple[int, dict]]:
     """Sequential turns of one job; returns (replica, response) per turn."""
-    messages = [{"role": "system", "content": text("system", 60)},
-                {"role": "user", "content": text(job, 80)}]
+    messages = [{"role": "system", "content": filler("system", 60)},
+                {"role": "user", "content": filler(job, 80)}]
     out = []
     for t in range(turns):
         before = served(replicas) if replicas else None
         r = ask(url, job, messages, last=t == turns - 1, tool_s=tool_s)
         out.append((which(before, served(replicas)) if replicas else -1, r))
         messages += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
-                     {"role": "user", "content": text(f"{job}-out{t}", 40)}]
+                     {"role": "user", "content": filler(f"{job}-out{t}", 40)}]
     return out
 
 
@@ -155,8 +150,8 @@ def test_round_robin_sends_next_turns_where_the_pin_is_not(replicas):
 def test_a_job_moved_off_a_drained_replica_is_served_elsewhere_and_its_old_pin_frees(replicas):
     assert wait_for(lambda: all_free(replicas))
     with VLLMRouter([s.url for s in replicas], "consistent_hash") as router:
-        messages = [{"role": "system", "content": text("system", 60)},
-                    {"role": "user", "content": text("moved", 80)}]
+        messages = [{"role": "system", "content": filler("system", 60)},
+                    {"role": "user", "content": filler("moved", 80)}]
         before = served(replicas)
         first = ask(router.url, "moved", messages, last=False, tool_s=SHORT_TOOL_S)
         home = which(before, served(replicas))
@@ -166,7 +161,7 @@ def test_a_job_moved_off_a_drained_replica_is_served_elsewhere_and_its_old_pin_f
         r = requests.post(router.url + "/remove_worker", params={"url": replicas[home].url}, timeout=10)
         assert r.status_code in (200, 202), r.text
         messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
-                     {"role": "user", "content": text("moved-out0", 40)}]
+                     {"role": "user", "content": filler("moved-out0", 40)}]
         before = served(replicas)
         second = ask(router.url, "moved", messages, last=True)
         elsewhere = which(before, served(replicas))
@@ -189,13 +184,13 @@ def test_killing_a_replica_mid_run_loses_only_its_pins_and_every_job_completes(r
     with VLLMRouter([s.url for s in replicas], "consistent_hash") as router:
         def job(name: str) -> None:
             try:
-                messages = [{"role": "system", "content": text("system", 60)},
-                            {"role": "user", "content": text(name, 80)}]
+                messages = [{"role": "system", "content": filler("system", 60)},
+                            {"role": "user", "content": filler(name, 80)}]
                 for t in range(4):
                     r = ask(router.url, name, messages, last=t == 3, retries=20)
                     assert r["usage"]["completion_tokens"] == 8
                     messages += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
-                                 {"role": "user", "content": text(f"{name}-out{t}", 40)}]
+                                 {"role": "user", "content": filler(f"{name}-out{t}", 40)}]
                     if t == 0:
                         first_turn_done.wait(timeout=300)
                         killed.wait(timeout=300)

@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 
 import pytest
-import requests
-from harness import DEFAULT_MODEL, wait_for
+from harness import DEFAULT_MODEL, filler, post_chat, wait_for
 
 from vllm_continuum_plugin.benchmarks.lmcache_server import LMCacheServer
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
@@ -26,11 +25,6 @@ from vllm_continuum_plugin.benchmarks.server import VLLMServer
 pytestmark = pytest.mark.e2e
 
 CHUNK = 256  # LMCache stores whole 256-token chunks of prompts
-WORDS = "the file test function error value return module class import line call result".split()
-
-
-def text(tag: str, n: int) -> str:
-    return tag + ": " + " ".join(WORDS[(i * 5 + len(tag)) % len(WORDS)] for i in range(n))
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +55,7 @@ def stack():
 
 
 def chat(server, job: str, messages: list[dict], last: bool, **extra) -> dict:
-    body = {"model": "smollm2", "messages": messages, "max_tokens": 12, "temperature": 0.0,
-            "ignore_eos": True, "job_id": job, "is_last_step": last, "logprobs": True, **extra}
-    r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=300)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return post_chat(server, job, messages, last, logprobs=True, **extra)
 
 
 def loaded(server) -> float:
@@ -79,13 +69,13 @@ def all_free(servers) -> bool:
 
 def next_turn(messages: list[dict], reply: dict, tag: str) -> list[dict]:
     return messages + [{"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
-                       {"role": "user", "content": text(tag, 40)}]
+                       {"role": "user", "content": filler(tag, 40)}]
 
 
 def test_pins_cover_the_short_gap_and_lmcache_the_long_one(stack):
     _, (a, _) = stack
     # Short gap: the pin (600 s cold-start TTL) hands the KV over; nothing loads.
-    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": text("short", 600)}]
+    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": filler("short", 600)}]
     first = chat(a, "short-gap", messages, last=False)
     before, handoff = loaded(a), a.metric("vllm_continuum:pins_released_total", reason="handoff")
     second = chat(a, "short-gap", next_turn(messages, first, "out"), last=True)
@@ -95,12 +85,12 @@ def test_pins_cover_the_short_gap_and_lmcache_the_long_one(stack):
 
     # Long gap: the pin lapses, other jobs take the 48-block pool, and the
     # next turn's prefix comes back from LMCache instead of a recompute.
-    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": text("long", 600)}]
+    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": filler("long", 600)}]
     ttl = a.metric("vllm_continuum:pins_released_total", reason="ttl")
     first = chat(a, "long-gap", messages, last=False, expected_tool_seconds=0.3)
     assert wait_for(lambda: a.metric("vllm_continuum:pins_released_total", reason="ttl") >= ttl + 1)
     for i in range(3):
-        chat(a, f"flood-{i}", [{"role": "user", "content": text(f"other {i}", 600)}], last=True)
+        chat(a, f"flood-{i}", [{"role": "user", "content": filler(f"other {i}", 600)}], last=True)
     before = loaded(a)
     second = chat(a, "long-gap", next_turn(messages, first, "out"), last=True)
     assert loaded(a) - before >= (first["usage"]["prompt_tokens"] // CHUNK) * CHUNK >= CHUNK
@@ -109,7 +99,7 @@ def test_pins_cover_the_short_gap_and_lmcache_the_long_one(stack):
 
 def test_a_job_that_moves_replicas_reloads_its_prefix_from_the_shared_tier(stack):
     _, (a, b) = stack
-    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": text("moving", 600)}]
+    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": filler("moving", 600)}]
     ttl_a = a.metric("vllm_continuum:pins_released_total", reason="ttl")
     first = chat(a, "moving", messages, last=False, expected_tool_seconds=0.3)
     turn2 = next_turn(messages, first, "out")

@@ -18,18 +18,13 @@ import os
 
 import pytest
 import requests
-from harness import DEFAULT_MODEL, wait_for
+from harness import DEFAULT_MODEL, filler, post_chat, wait_for
 
 from vllm_continuum_plugin.benchmarks.ab_benchmark import native_offload_args
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
 
 pytestmark = pytest.mark.e2e
 
-WORDS = "the file test function error value return module class import line call result".split()
-
-
-def text(tag: str, n: int) -> str:
-    return tag + ": " + " ".join(WORDS[(i * 5 + len(tag)) % len(WORDS)] for i in range(n))
 
 
 @pytest.fixture(scope="module")
@@ -47,34 +42,26 @@ def server():
         yield srv
 
 
-def chat(server, job: str, messages: list[dict], last: bool, **extra) -> dict:
-    body = {"model": "smollm2", "messages": messages, "max_tokens": 12, "temperature": 0.0,
-            "ignore_eos": True, "job_id": job, "is_last_step": last, **extra}
-    r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=300)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def test_a_lapsed_pin_is_reloaded_from_vllms_offload_store_exactly(server):
     # vLLM's OffloadingConnector is the one serving (its own metrics).
     assert "vllm:kv_offload_store_bytes" in requests.get(server.url + "/metrics", timeout=10).text
     messages = [{"role": "system", "content": "You are a coding agent."},
-                {"role": "user", "content": text("task", 380)}]
-    first = chat(server, "native-job", messages, last=False, expected_tool_seconds=0.3)
+                {"role": "user", "content": filler("task", 380)}]
+    first = post_chat(server, "native-job", messages, last=False, expected_tool_seconds=0.3)
     prompt1 = first["usage"]["prompt_tokens"]
     assert wait_for(lambda: server.metric("vllm_continuum:pins_created") >= 1)
     # The tool takes longer than the TTL: the pin lapses, the blocks are free...
     assert wait_for(lambda: server.metric("vllm_continuum:pins_released_total", reason="ttl") >= 1)
     # ...and other jobs' prompts take the whole 48-block pool.
     for i in range(4):
-        chat(server, f"flood-{i}", [{"role": "user", "content": text(f"other {i}", 380)}], last=True)
+        post_chat(server, f"flood-{i}", [{"role": "user", "content": filler(f"other {i}", 380)}], last=True)
     stored = server.metric("vllm:kv_offload_store_bytes")
     assert stored > 0
     external0 = server.metric("vllm:external_prefix_cache_hits_total")
 
     messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
-                 {"role": "user", "content": text("tool output", 40)}]
-    second = chat(server, "native-job", messages, last=True, logprobs=True)
+                 {"role": "user", "content": filler("tool output", 40)}]
+    second = post_chat(server, "native-job", messages, last=True, logprobs=True)
     loaded = server.metric("vllm:external_prefix_cache_hits_total") - external0
     # The turn-1 prefix came back from vLLM's store, not from a recompute.
     assert loaded >= (prompt1 // 32 - 1) * 32, (loaded, prompt1)
@@ -84,7 +71,7 @@ def test_a_lapsed_pin_is_reloaded_from_vllms_offload_store_exactly(server):
     r = requests.post(server.url + "/reset_prefix_cache", params={"reset_external": "true"}, timeout=60)
     assert r.status_code == 200, r.text
     external1 = server.metric("vllm:external_prefix_cache_hits_total")
-    cold = chat(server, "reference", messages, last=True, logprobs=True)
+    cold = post_chat(server, "reference", messages, last=True, logprobs=True)
     assert server.metric("vllm:external_prefix_cache_hits_total") == external1
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     tokens = lambda r: [t["token"] for t in r["choices"][0]["logprobs"]["content"]]  # noqa: E731
