@@ -24,8 +24,7 @@ import shutil
 import sys
 from typing import Any
 
-from .process import ManagedProcess, http_ok
-from .server import free_port
+from .process import ManagedProcess, free_port, http_ok
 
 
 def lmcache_executable() -> str:

@@ -12,14 +12,41 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 
 import requests
 
-__all__ = ["ManagedProcess", "http_ok"]
+__all__ = ["ManagedProcess", "free_port", "http_ok"]
+
+
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now and that this process has not
+    handed out before.
+
+    Launchers pick ports seconds before their processes bind them (vLLM
+    binds after its imports), and the kernel may give a port that is free in
+    that gap to the next caller; remembering what was handed out removes
+    that race between the launchers of one process. (Another process can
+    still take a port in the gap: ``VLLMServer.wait_ready`` checks that the
+    server answering is its own.)"""
+    with _handed_out_lock:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 def http_ok(url: str) -> bool:
@@ -48,7 +75,11 @@ class ManagedProcess:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None:
+            # What the process saw is what explains most failures around it
+            # (pytest shows a failed test's stderr).
+            sys.stderr.write(f"--- {self.name} ({self.log_path}), last lines ---\n{self.log_tail(40)}\n")
         self.stop()
 
     def start(self) -> None:  # pragma: no cover - each launcher defines it

@@ -35,8 +35,8 @@ import shutil
 import time
 from collections.abc import Sequence
 
-from .process import ManagedProcess, http_ok
-from .server import free_port
+from .process import ManagedProcess, free_port, http_ok
+
 
 ROUTER_VENV_ENV = "CONTINUUM_ROUTER_VENV"
 DEFAULT_ROUTER_VENV = os.path.expanduser("~/.venvs/vllm-continuum-router")

@@ -9,22 +9,15 @@ Unless the arguments name ``--dtype``, the server computes in
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import Callable, Sequence
 
 import requests
 
 from .dtype import serving_dtype
-from .process import ManagedProcess, http_ok
+from .process import ManagedProcess, free_port, http_ok
 
 __all__ = ["VLLMServer", "free_port", "parse_metrics"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -67,6 +60,7 @@ class VLLMServer(ManagedProcess):
         model: str,
         args: Sequence[str] = (),
         served_name: str = "model",
+        aliases: Sequence[str] = (),
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 300.0,
         dtype: str | None = None,
@@ -76,6 +70,10 @@ class VLLMServer(ManagedProcess):
         super().__init__("vllm-serve-", env)
         self.model = model
         self.served_name = served_name
+        # More names the server answers to; responses carry ``served_name``
+        # (vLLM reports the first), so replicas behind one router can share an
+        # alias yet say which of them answered.
+        self.aliases = list(aliases)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = list(args)
@@ -98,16 +96,26 @@ class VLLMServer(ManagedProcess):
         self.spawn([
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model,
-            "--served-model-name", self.served_name,
+            "--served-model-name", self.served_name, *self.aliases,
             "--host", "127.0.0.1",
             "--port", str(self.port),
             *self.args,
         ])
 
     def wait_ready(self) -> None:
+        """Wait for ``/health``, then check that the server answering on the
+        port is this one (it serves this server's names): a port picked free
+        can be taken by another process before this server binds it, and a
+        test that then talked to that process would measure the wrong one."""
         on_wait = None if self.on_wait is None else (lambda elapsed: self.on_wait(elapsed, self))
         self.wait_until(lambda: http_ok(self.url + "/health"), self.startup_timeout_s, interval_s=1.0,
                         on_wait=on_wait, report_s=self.wait_report_s)
+        served = {m["id"] for m in requests.get(self.url + "/v1/models", timeout=10).json().get("data", [])}
+        if not served >= {self.served_name, *self.aliases}:
+            self.stop()
+            raise RuntimeError(
+                f"port {self.port} is answered by a server of {sorted(served)}, not this one "
+                f"({self.served_name!r}): the port was taken before this server bound it")
 
     def last_log_line(self, width: int = 100) -> str:
         """The server log's last non-empty line (progress while starting)."""

@@ -15,7 +15,7 @@ bash scripts/setup.sh
 echo "[tests] set-up took $(( $(date +%s) - t0 ))s; running the suite"
 VENV=${CONTINUUM_VENV:-$HOME/.venvs/vllm-continuum}
 rc=0
-"$VENV/bin/python" -m pytest -ra "$@" || rc=$?
+"$VENV/bin/python" -m pytest -ra --durations=25 "$@" || rc=$?
 if [ $# -eq 0 ] && [ -z "${CONTINUUM_SKIP_VLLM033:-}" ]; then
   t1=$(date +%s)
   echo "[tests] the scheduler-level tests on vLLM 0.33.0 (scripts/check_vllm_033.sh)"

@@ -4,10 +4,12 @@ real `vllm-router` (PyPI 0.1.17, installed by scripts/setup.sh).
 Each replica computes on its own core. Jobs identify themselves the way
 routers and the plugin both read: ``X-Session-ID: <job id>`` (the plugin
 takes it as the job id). Which replica served a turn is read off the
-replicas' own ``vllm:request_success_total`` (turns are sent one at a time
-where that matters).
+response's ``model``: each replica's first served name is its own.
 
-No check races a TTL against the machine's speed: pins that must be handed
+The plugin's counters reach ``/metrics`` within the engine's snapshot
+interval (0.1 s), not with the response, so every check of them after a
+response waits for them (``wait_for``). No check races a TTL against the
+machine's speed: pins that must be handed
 over live for the 600 s cold-start TTL; pins that must lapse ask for a short
 TTL and are waited for through counters (bounded by ``wait_for``'s 120 s).
 The replica kill is triggered by an event (every job finished its first
@@ -44,7 +46,7 @@ def replicas():
         "--additional-config", '{"continuum": {"default_ttl_s": %d, "max_ttl_s": %d}}' % (LONG_TTL_S, LONG_TTL_S),
     ]
     cores = max(1, os.cpu_count() or 1)
-    servers = [VLLMServer(TINY_MODEL, args, served_name="tiny", dtype="float32",
+    servers = [VLLMServer(TINY_MODEL, args, served_name=f"tiny-r{i}", aliases=("tiny",), dtype="float32",
                           env={"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)}) for i in range(2)]
     try:
         for s in servers:
@@ -79,14 +81,15 @@ def ask(url: str, job: str, messages: list[dict], last: bool, tool_s: float | No
     raise AssertionError("unreachable")
 
 
-def served(replicas) -> list[float]:
-    return [s.metric("vllm:request_success_total") for s in replicas]
-
-
-def which(before: list[float], after: list[float]) -> int:
-    moved = [i for i, (b, a) in enumerate(zip(before, after)) if a > b]
-    assert len(moved) == 1, (before, after)
-    return moved[0]
+def replica_of(response: dict, replicas) -> int:
+    """Which replica answered: each serves the shared alias ``tiny`` under a
+    first name of its own, ``tiny-r<i>``, which vLLM puts in every response
+    (the router forwards responses untouched). Read off the response itself,
+    not off the replicas' counters, so nothing else that reaches a replica
+    can be mistaken for this turn."""
+    names = [s.served_name for s in replicas]
+    assert response["model"] in names, (response["model"], names)
+    return names.index(response["model"])
 
 
 def released(replicas, reason: str) -> list[float]:
@@ -104,9 +107,8 @@ def run_job(url: str, job: str, turns: int, replicas=None, tool_s: float | None 
                 {"role": "user", "content": filler(job, 80)}]
     out = []
     for t in range(turns):
-        before = served(replicas) if replicas else None
         r = ask(url, job, messages, last=t == turns - 1, tool_s=tool_s)
-        out.append((which(before, served(replicas)) if replicas else -1, r))
+        out.append((replica_of(r, replicas) if replicas else -1, r))
         messages += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
                      {"role": "user", "content": filler(f"{job}-out{t}", 40)}]
     return out
@@ -125,7 +127,7 @@ def test_consistent_hashing_on_the_session_keeps_every_turn_on_its_pin(replicas)
             for _, r in turns[1:]:
                 assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt1 - 32
     assert all(len(h) == 1 for h in homes.values()), homes
-    assert sum(released(replicas, "handoff")) - handoff0 == 6 * 3  # every pin taken over
+    assert wait_for(lambda: sum(released(replicas, "handoff")) - handoff0 == 6 * 3)  # every pin taken over
     assert sum(released(replicas, "ttl")) - ttl0 == 0  # none stranded
     assert wait_for(lambda: all_free(replicas))
 
@@ -152,19 +154,17 @@ def test_a_job_moved_off_a_drained_replica_is_served_elsewhere_and_its_old_pin_f
     with VLLMRouter([s.url for s in replicas], "consistent_hash") as router:
         messages = [{"role": "system", "content": filler("system", 60)},
                     {"role": "user", "content": filler("moved", 80)}]
-        before = served(replicas)
         first = ask(router.url, "moved", messages, last=False, tool_s=SHORT_TOOL_S)
-        home = which(before, served(replicas))
+        home = replica_of(first, replicas)
         ttl_home = released(replicas, "ttl")[home]
-        assert replicas[home].metric("vllm_continuum:pinned_blocks") > 0
+        assert wait_for(lambda: replicas[home].metric("vllm_continuum:pinned_blocks") > 0)
         # Drain: the router stops sending to the job's replica.
         r = requests.post(router.url + "/remove_worker", params={"url": replicas[home].url}, timeout=10)
         assert r.status_code in (200, 202), r.text
         messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
                      {"role": "user", "content": filler("moved-out0", 40)}]
-        before = served(replicas)
         second = ask(router.url, "moved", messages, last=True)
-        elsewhere = which(before, served(replicas))
+        elsewhere = replica_of(second, replicas)
     assert elsewhere != home
     # Served in full on the new replica (recomputed: no shared KV tier here).
     assert second["usage"]["completion_tokens"] == 8
@@ -203,6 +203,7 @@ def test_killing_a_replica_mid_run_loses_only_its_pins_and_every_job_completes(r
             t.start()
         first_turn_done.wait(timeout=300)
         # Every job holds a pin now; kill the replica holding most of them.
+        assert wait_for(lambda: sum(r.metric("vllm_continuum:pinned_jobs") for r in replicas) == len(jobs))
         victim = max(range(2), key=lambda i: replicas[i].metric("vllm_continuum:pinned_jobs"))
         survivor = replicas[1 - victim]
         moved = replicas[victim].metric("vllm_continuum:pinned_jobs")
