@@ -79,7 +79,7 @@ def test_pins_cover_the_short_gap_and_lmcache_the_long_one(stack):
     first = chat(a, "short-gap", messages, last=False)
     before, handoff = loaded(a), a.metric("vllm_continuum:pins_released_total", reason="handoff")
     second = chat(a, "short-gap", next_turn(messages, first, "out"), last=True)
-    assert a.metric("vllm_continuum:pins_released_total", reason="handoff") == handoff + 1
+    assert wait_for(lambda: a.metric("vllm_continuum:pins_released_total", reason="handoff") == handoff + 1)
     assert loaded(a) == before
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"] - 32
 
