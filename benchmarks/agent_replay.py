@@ -77,7 +77,15 @@ class JobRecord:
 
 
 class StreamCut(RuntimeError):
-    """A streamed reply ended before its final (usage) chunk."""
+    """A streamed reply broke off: its connection was cut mid-body (a replica
+    killed while it streamed; the router passes the cut on) or it ended
+    before its final (usage) chunk."""
+
+
+# Seconds before re-asking a broken reply, times the attempt number: long
+# enough for a router's health check (1 s here) to take a dead replica out,
+# so the retry reaches a live one.
+TURN_RETRY_BACKOFF_S = 1.0
 
 
 class AgentReplayer:
@@ -99,9 +107,10 @@ class AgentReplayer:
         self.tagged = tagged
         # X-Session-ID: <job id> on every turn (what routers hash on).
         self.session_header = session_header
-        # A reply whose stream ends without its usage chunk (a replica that
-        # died mid-stream; a router passes that on as a short 200) is asked
-        # again this many times, as an agent would re-ask a broken reply.
+        # A reply whose stream breaks off (``StreamCut``) is asked again this
+        # many times, after a backoff, as an agent harness re-asks a broken
+        # reply. (Errors before any reply -- refused connections, 5xx -- are
+        # the OpenAI client's own ``max_retries``.)
         self.turn_retries = turn_retries
 
     async def run(self, job: Job, t0: float) -> JobRecord:
@@ -128,6 +137,7 @@ class AgentReplayer:
                     except StreamCut:
                         if attempt == self.turn_retries:
                             raise
+                        await asyncio.sleep(TURN_RETRY_BACKOFF_S * (attempt + 1))
                 record.turns.append(turn_record)
                 if calls:
                     messages.append({"role": "assistant", "content": reply or None, "tool_calls": calls})
@@ -168,22 +178,25 @@ class AgentReplayer:
             stream=True, stream_options={"include_usage": True}, extra_body=extra,
             extra_headers={"X-Session-ID": job.job_id} if self.session_header else None, **kwargs,
         )
-        async for chunk in stream:
-            delta = chunk.choices[0].delta if chunk.choices else None
-            if delta is not None and (delta.content or delta.tool_calls):
-                if first is None:
-                    first = time.time()
-                if delta.content:
-                    pieces.append(delta.content)
-                for piece in delta.tool_calls or ():
-                    call = calls.setdefault(piece.index, {"id": "", "type": "function",
-                                                          "function": {"name": "", "arguments": ""}})
-                    call["id"] = piece.id or call["id"]
-                    if piece.function is not None:
-                        call["function"]["name"] += piece.function.name or ""
-                        call["function"]["arguments"] += piece.function.arguments or ""
-            if chunk.usage is not None:
-                usage = chunk.usage
+        try:
+            async for chunk in stream:
+                delta = chunk.choices[0].delta if chunk.choices else None
+                if delta is not None and (delta.content or delta.tool_calls):
+                    if first is None:
+                        first = time.time()
+                    if delta.content:
+                        pieces.append(delta.content)
+                    for piece in delta.tool_calls or ():
+                        call = calls.setdefault(piece.index, {"id": "", "type": "function",
+                                                              "function": {"name": "", "arguments": ""}})
+                        call["id"] = piece.id or call["id"]
+                        if piece.function is not None:
+                            call["function"]["name"] += piece.function.name or ""
+                            call["function"]["arguments"] += piece.function.arguments or ""
+                if chunk.usage is not None:
+                    usage = chunk.usage
+        except openai.APIConnectionError as e:  # the OpenAI client's wrap of a cut body
+            raise StreamCut(f"job {job.job_id} turn {index}: the stream broke off ({e.__cause__!r})") from e
         end = time.time()
         if usage is None:
             raise StreamCut(f"job {job.job_id} turn {index}: the stream ended without its usage chunk")
