@@ -4,8 +4,9 @@
 ``LMCacheServer`` share: the process runs in its own session (so its whole
 process group -- e.g. vLLM's API server, EngineCore and worker -- is
 signalled through the PID, never by name), its output goes to a log file
-kept for failures, and start-up waits on a readiness check while watching
-for an early exit.
+kept for failures (its tail is printed when a ``with`` block around it
+fails), and start-up waits on a readiness check while watching for an
+early exit. ``free_port`` picks the ports they listen on.
 """
 
 from __future__ import annotations

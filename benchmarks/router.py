@@ -37,7 +37,6 @@ from collections.abc import Sequence
 
 from .process import ManagedProcess, free_port, http_ok
 
-
 ROUTER_VENV_ENV = "CONTINUUM_ROUTER_VENV"
 DEFAULT_ROUTER_VENV = os.path.expanduser("~/.venvs/vllm-continuum-router")
 POLICIES = ("round_robin", "consistent_hash", "cache_aware", "random", "power_of_two", "sticky_least_loaded")
