@@ -36,7 +36,7 @@ import requests
 from . import ab_benchmark as ab
 from .dtype import cpu_name
 from .router import POLICIES, VLLMRouter
-from .server import VLLMServer, metric_sum, parse_metrics
+from .server import VLLMServer, metric_sum, parse_metrics, start_all
 from .stats import format_table, summarize
 from .workload import PRESETS, generate_jobs
 
@@ -108,15 +108,7 @@ def start_replicas(args: argparse.Namespace, jobs: list[Any]) -> list[VLLMServer
         env = {**ab.server_env(args), "VLLM_CPU_OMP_THREADS_BIND": cores[i % len(cores)]}
         servers.append(VLLMServer(args.model, ab.server_args(args, args.arms, jobs),
                                   served_name=args.served_name, env=env))
-    try:
-        for s in servers:
-            s.launch()
-        for s in servers:
-            s.wait_ready()
-    except BaseException:
-        for s in servers:
-            s.stop()
-        raise
+    start_all(servers)
     return servers
 
 

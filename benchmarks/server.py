@@ -17,7 +17,7 @@ import requests
 from .dtype import serving_dtype
 from .process import ManagedProcess, free_port, http_ok
 
-__all__ = ["VLLMServer", "free_port", "parse_metrics"]
+__all__ = ["VLLMServer", "free_port", "parse_metrics", "start_all"]
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -129,3 +129,17 @@ class VLLMServer(ManagedProcess):
         """Sum of the samples whose name starts with ``prefix`` and whose
         labels include ``labels`` (exposition order does not matter)."""
         return metric_sum(self.metrics(), prefix, **labels)
+
+
+def start_all(servers: Sequence[VLLMServer]) -> None:
+    """Start several servers in parallel (``launch`` each, then
+    ``wait_ready`` each); if one fails, stop them all and re-raise."""
+    try:
+        for s in servers:
+            s.launch()
+        for s in servers:
+            s.wait_ready()
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise

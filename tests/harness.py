@@ -261,3 +261,27 @@ def post_chat(server: Any, job: str, messages: list[dict], last: bool, model: st
     r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def serve_args(policy: str, num_blocks: int, kv_bytes: int, max_model_len: int,
+               continuum: dict[str, Any] | None = None, prompt_details: bool = True) -> list[str]:
+    """``vllm serve`` arguments the end-to-end tests share: ``policy``,
+    32-token blocks, a pool of exactly ``num_blocks``, eager mode, and the
+    plugin's ``continuum`` settings (``--additional-config``) if given."""
+    import json
+
+    args = [
+        "--scheduling-policy", policy, "--block-size", "32", "--num-gpu-blocks-override", str(num_blocks),
+        "--kv-cache-memory-bytes", str(kv_bytes), "--max-model-len", str(max_model_len), "--enforce-eager",
+    ]
+    if prompt_details:
+        args.append("--enable-prompt-tokens-details")
+    if continuum is not None:
+        args += ["--additional-config", json.dumps({"continuum": continuum})]
+    return args
+
+
+def all_free(servers: Iterable[Any]) -> bool:
+    """No pinned block and no allocated KV on any live server in ``servers``."""
+    return all(s.metric("vllm_continuum:pinned_blocks") == 0 and s.metric("vllm:kv_cache_usage_perc") == 0
+               for s in servers if s.alive())

@@ -21,7 +21,7 @@ import openai
 import promql_parser
 import pytest
 import requests
-from harness import DEFAULT_MODEL, wait_for
+from harness import DEFAULT_MODEL, serve_args, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
@@ -164,12 +164,9 @@ def scrape(tmp_path_factory):
     rules.write_text(json.dumps({"version": 1, "rules": [{"match": "ls", "class": "fast", "ttl_s": LONG_TTL_S}]}))
     connector = {"kv_connector": "ContinuumOffloadConnector", "kv_role": "kv_both",
                  "kv_connector_extra_config": {"cpu_bytes": 200_000_000}}
-    args = [
-        "--scheduling-policy", "context_serve", "--block-size", "32", "--num-gpu-blocks-override", "96",
-        "--kv-cache-memory-bytes", "400000000", "--max-model-len", "2048", "--enforce-eager",
-        "--additional-config", json.dumps({"continuum": {"rules_path": str(rules), "max_ttl_s": LONG_TTL_S}}),
-        "--kv-transfer-config", json.dumps(connector),
-    ]
+    args = [*serve_args("context_serve", 96, 400_000_000, 2048, {"rules_path": str(rules), "max_ttl_s": LONG_TTL_S},
+                        prompt_details=False),
+            "--kv-transfer-config", json.dumps(connector)]
     with VLLMServer(DEFAULT_MODEL, args, served_name="smollm2") as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         messages = [{"role": "system", "content": "You are a software agent. Answer with one ```bash block."},

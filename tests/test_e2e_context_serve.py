@@ -17,7 +17,7 @@ import os
 
 import openai
 import pytest
-from harness import DEFAULT_MODEL, wait_for
+from harness import DEFAULT_MODEL, serve_args, wait_for
 
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
 
@@ -32,12 +32,7 @@ def server(tmp_path_factory):
         pytest.fail(f"embedded model missing at {DEFAULT_MODEL}: run scripts/setup.sh")
     rules = tmp_path_factory.mktemp("rules") / "rules.json"
     rules.write_text(json.dumps({"version": 1, "rules": [{"match": "ls", "class": "fast", "ttl_s": LONG_TTL_S}]}))
-    config = {"continuum": {"rules_path": str(rules), "max_ttl_s": LONG_TTL_S}}
-    args = [
-        "--scheduling-policy", "context_serve", "--block-size", "32", "--num-gpu-blocks-override", "96",
-        "--kv-cache-memory-bytes", "400000000", "--max-model-len", "2048", "--enforce-eager",
-        "--enable-prompt-tokens-details", "--additional-config", json.dumps(config),
-    ]
+    args = serve_args("context_serve", 96, 400_000_000, 2048, {"rules_path": str(rules), "max_ttl_s": LONG_TTL_S})
     with VLLMServer(DEFAULT_MODEL, args, served_name="smollm2") as srv:
         yield srv
 

@@ -24,10 +24,10 @@ import time
 
 import pytest
 import requests
-from harness import TINY_MODEL, filler, wait_for
+from harness import TINY_MODEL, all_free, filler, serve_args, wait_for
 
 from vllm_continuum_plugin.benchmarks.router import VLLMRouter
-from vllm_continuum_plugin.benchmarks.server import VLLMServer
+from vllm_continuum_plugin.benchmarks.server import VLLMServer, start_all
 
 pytestmark = pytest.mark.e2e
 
@@ -39,20 +39,12 @@ SHORT_TOOL_S = 0.3  # -> a TTL of a few seconds: pins that must lapse
 def replicas():
     if not os.path.isdir(TINY_MODEL):
         pytest.fail(f"test model missing at {TINY_MODEL}: run scripts/setup.sh")
-    args = [
-        "--scheduling-policy", "continuum", "--block-size", "32", "--num-gpu-blocks-override", "128",
-        "--kv-cache-memory-bytes", "200000000", "--max-model-len", "2048", "--enforce-eager",
-        "--enable-prompt-tokens-details",
-        "--additional-config", '{"continuum": {"default_ttl_s": %d, "max_ttl_s": %d}}' % (LONG_TTL_S, LONG_TTL_S),
-    ]
+    args = serve_args("continuum", 128, 200_000_000, 2048, {"default_ttl_s": LONG_TTL_S, "max_ttl_s": LONG_TTL_S})
     cores = max(1, os.cpu_count() or 1)
     servers = [VLLMServer(TINY_MODEL, args, served_name=f"tiny-r{i}", aliases=("tiny",), dtype="float32",
                           env={"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)}) for i in range(2)]
+    start_all(servers)
     try:
-        for s in servers:
-            s.launch()
-        for s in servers:
-            s.wait_ready()
         yield servers
     finally:
         for s in servers:
@@ -94,11 +86,6 @@ def replica_of(response: dict, replicas) -> int:
 
 def released(replicas, reason: str) -> list[float]:
     return [s.metric("vllm_continuum:pins_released_total", reason=reason) for s in replicas]
-
-
-def all_free(replicas) -> bool:
-    return all(s.metric("vllm_continuum:pinned_blocks") == 0 and s.metric("vllm:kv_cache_usage_perc") == 0
-               for s in replicas if s.alive())
 
 
 def run_job(url: str, job: str, turns: int, replicas=None, tool_s: float | None = None) -> list[tuple[int, dict]]:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from harness import DEFAULT_MODEL, filler, post_chat, wait_for
+from harness import DEFAULT_MODEL, all_free, filler, post_chat, serve_args, wait_for
 
 from vllm_continuum_plugin.benchmarks.lmcache_server import LMCacheServer
-from vllm_continuum_plugin.benchmarks.server import VLLMServer
+from vllm_continuum_plugin.benchmarks.server import VLLMServer, start_all
 
 pytestmark = pytest.mark.e2e
 
@@ -32,22 +32,14 @@ def stack():
     if not os.path.isdir(DEFAULT_MODEL):
         pytest.fail(f"embedded model missing at {DEFAULT_MODEL}: run scripts/setup.sh")
     with LMCacheServer(l1_gb=0.5) as lmcache:
-        args = [
-            "--scheduling-policy", "continuum", "--block-size", "32", "--num-gpu-blocks-override", "48",
-            "--kv-cache-memory-bytes", "400000000", "--max-model-len", "1024", "--enforce-eager",
-            "--enable-prompt-tokens-details",
-            "--additional-config", '{"continuum": {"default_ttl_s": 600, "max_ttl_s": 600}}',
-            *lmcache.vllm_args(),
-        ]
+        args = [*serve_args("continuum", 48, 400_000_000, 1024, {"default_ttl_s": 600, "max_ttl_s": 600}),
+                *lmcache.vllm_args()]
         cores = max(1, os.cpu_count() or 1)
         replicas = [VLLMServer(DEFAULT_MODEL, args, served_name="smollm2",
                                env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "1", "LMCACHE_TRACK_USAGE": "false",
                                     "VLLM_CPU_OMP_THREADS_BIND": str(i % cores)}) for i in range(2)]
+        start_all(replicas)
         try:
-            for r in replicas:
-                r.launch()
-            for r in replicas:
-                r.wait_ready()
             yield lmcache, replicas
         finally:
             for r in replicas:
@@ -60,11 +52,6 @@ def chat(server, job: str, messages: list[dict], last: bool, **extra) -> dict:
 
 def loaded(server) -> float:
     return server.metric("vllm:external_prefix_cache_hits_total")
-
-
-def all_free(servers) -> bool:
-    return all(s.metric("vllm_continuum:pinned_blocks") == 0 and s.metric("vllm:kv_cache_usage_perc") == 0
-               for s in servers)
 
 
 def next_turn(messages: list[dict], reply: dict, tag: str) -> list[dict]:

@@ -18,7 +18,7 @@ import os
 
 import pytest
 import requests
-from harness import DEFAULT_MODEL, filler, post_chat, wait_for
+from harness import DEFAULT_MODEL, filler, post_chat, serve_args, wait_for
 
 from vllm_continuum_plugin.benchmarks.ab_benchmark import native_offload_args
 from vllm_continuum_plugin.benchmarks.server import VLLMServer
@@ -31,12 +31,7 @@ pytestmark = pytest.mark.e2e
 def server():
     if not os.path.isdir(DEFAULT_MODEL):
         pytest.fail(f"embedded model missing at {DEFAULT_MODEL}: run scripts/setup.sh")
-    args = [
-        "--scheduling-policy", "continuum", "--block-size", "32", "--num-gpu-blocks-override", "48",
-        "--kv-cache-memory-bytes", "400000000", "--max-model-len", "1024", "--enforce-eager",
-        "--enable-prompt-tokens-details",
-        *native_offload_args(250_000_000),
-    ]
+    args = [*serve_args("continuum", 48, 400_000_000, 1024), *native_offload_args(250_000_000)]
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
     with VLLMServer(DEFAULT_MODEL, args, served_name="smollm2", env=env) as srv:
         yield srv
