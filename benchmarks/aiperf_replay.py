@@ -1,0 +1,920 @@
+"""Live replay of real Claude Code sessions through NVIDIA AIPerf, per policy.
+
+Drives the kv-cache-tester Claude Code traces (``weka-trace`` format: one JSON
+object per session, a ``requests`` list of API calls with input/output token
+counts, 64-token prefix-block hash ids and the think time before each call)
+through AIPerf against a real ``vllm serve`` -- one server per policy, the
+same scaled traces for every arm -- and derives each session's job
+completion time (JCT) from AIPerf's per-request records.
+
+Scaling (a CPU cannot serve 15k-800k-token contexts in minutes)
+----------------------------------------------------------------
+``scale_session`` turns one recorded session into a small one, a pure
+function of its arguments:
+
+* the session's first ``--turns`` *main* requests (``type`` ``n``/``s`` of
+  the session's first model); sub-agent entries and requests of other models
+  (side calls) are dropped;
+* prompts shrink by ``--merge M``: AIPerf fixes the block size of trace files
+  at 64 tokens (the file's own ``block_size`` is overridden and
+  ``--isl-block-size`` is refused for weka traces), so every M consecutive
+  64-token hash blocks are merged into ONE 64-token block (a merged block
+  gets a new id per distinct run of M ids, so prefix sharing between turns
+  is kept at M-block granularity). That DIVIDES PROMPT TOKENS BY M
+  (``in`` becomes ``full merged blocks * 64 + max(1, rest // M)``); the
+  tool/system prefix is divided the same way;
+* output tokens become ``min(--max-out, ceil(out / M))`` (at least 1): the
+  served reply's length (sent as max_tokens, with ``ignore_eos`` so even a
+  tiny model emits all of it) and the canned assistant block of the next
+  prompt;
+* think times (the tool/user gap before each request) become
+  ``min(--max-think, think_time * --think-scale)``; timestamps are rebuilt
+  from them (``t = previous t + previous api_time + think``).
+
+The scaled traces are written into the run directory (``traces/``) as
+weka-trace files AIPerf reads.
+
+Each arm
+--------
+Starts ``vllm serve`` (the embedded SmolLM2-135M by default, in the
+project's serving dtype, 32-token blocks -- the CPU backend needs a multiple
+of 32 -- and a KV pool of ``--num-blocks``: by default half of the sessions'
+peak working set, so sessions evict each other during think times and the
+policies differ), warms it up, scrapes ``/metrics``, runs::
+
+    aiperf profile --custom-dataset-type weka_trace --input-file RUN/traces
+        --session-header X-Session-ID --no-fixed-schedule --use-think-time-only
+        --concurrency N --conversation-num N --extra-inputs ignore_eos:true
+        --streaming --tokenizer MODEL_DIR ...
+
+(each session's next turn goes its think time after the previous reply; the
+session id -- AIPerf's per-session correlation id -- travels as
+``X-Session-ID``, which the plugin takes as the job id), scrapes ``/metrics``
+again and stops the server by its PID. AIPerf's weka replay sends canned
+assistant text (the trace's hash blocks), not the live replies: the prompts
+are deterministic, identical across arms.
+
+From ``profile_export.jsonl``: per request TTFT and latency, per session
+JCT = last request end - first request start (grouped by AIPerf's
+``conversation_id``, its root before ``::`` for sub-agent children), and the
+server's prefix-cache hit share (``vllm:prefix_cache_hits_total`` /
+``vllm:prefix_cache_queries_total`` deltas over the arm). One summary line
+per arm on stdout, ``results.json`` in the run directory, progress on stderr.
+
+AIPerf lives in its own venv (``~/.venvs/vllm-continuum-aiperf``, override
+with ``CONTINUUM_AIPERF_VENV`` or ``--aiperf``), pinned to aiperf==0.13.0.
+
+On a GPU, the unscaled traces (printed by this tool with the run's values)::
+
+    aiperf profile --model MODEL --url http://HOST:8000 --endpoint-type chat
+        --streaming --tokenizer MODEL
+        --custom-dataset-type weka_trace --input-file TRACE_DIR
+        --session-header X-Session-ID --no-fixed-schedule --use-think-time-only
+        --concurrency N --conversation-num N --extra-inputs ignore_eos:true
+        --output-artifact-dir artifacts/POLICY
+
+against ``vllm serve MODEL --scheduling-policy POLICY`` (add
+``--max-context-length`` to drop sessions that outgrow the model). There
+sub-agents and flattened agent chains become child conversations
+(``conversation_id`` ``TRACE::sa:...`` / ``::fa:...`` / ``::aux:...``),
+counted in their root session's JCT; ``--summarize artifacts/*`` prints
+the per-arm lines for such runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "AIPERF_BLOCK",
+    "AIPERF_VERSION",
+    "SessionStats",
+    "aiperf_command",
+    "build_parser",
+    "gpu_command",
+    "jct_by_session",
+    "main",
+    "main_requests",
+    "read_records",
+    "scale_session",
+    "select_sessions",
+    "summarize_arm",
+]
+
+AIPERF_VERSION = "0.13.0"
+# AIPerf's weka_trace loader decodes every hash id into this many tokens,
+# whatever the file's own ``block_size`` says (plugins.yaml metadata).
+AIPERF_BLOCK = 64
+MAIN_TYPES = ("n", "s")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_TRACES = os.path.join(REPO, "benchmarks", "data", "claude_code_traces")
+DEFAULT_MODEL_DIR = os.path.join(
+    os.environ.get("CONTINUUM_MODELS", os.path.expanduser("~/.cache/vllm-continuum/models")),
+    "smollm2-135m-instruct",
+)
+DEFAULT_AIPERF_VENV = os.environ.get("CONTINUUM_AIPERF_VENV", os.path.expanduser("~/.venvs/vllm-continuum-aiperf"))
+# vLLM's CPU backend needs a block size that is a multiple of 32.
+SERVER_BLOCK = 32
+# Chat-template and re-tokenisation slack per request, in tokens.
+TEMPLATE_SLACK = 256
+
+
+def log(msg: str) -> None:
+    print(f"[aiperf-replay] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------
+# Traces and scaling (pure functions)
+# ----------------------------------------------------------------------
+def load_trace(path: str) -> dict[str, Any] | None:
+    """One trace file, or ``None`` when it is not valid JSON (a few shipped
+    files are not) or has no ``requests`` list."""
+    try:
+        with open(path) as f:
+            trace = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(trace, dict) or not isinstance(trace.get("requests"), list):
+        return None
+    return trace
+
+
+def main_requests(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The session's main-conversation requests: ``type`` ``n``/``s`` of the
+    model of its first such request (side calls to another model and
+    sub-agent entries are left out), in trace order."""
+    mains = [r for r in trace.get("requests", []) if isinstance(r, dict) and r.get("type") in MAIN_TYPES]
+    if not mains:
+        return []
+    model = mains[0].get("model")
+    return [r for r in mains if r.get("model") == model]
+
+
+def _think(req: Mapping[str, Any], prev: Mapping[str, Any] | None) -> float:
+    """The recorded gap before ``req``: its ``think_time``, else the idle time
+    since ``prev`` ended (``t - prev.t - prev.api_time``), else 0."""
+    think = req.get("think_time")
+    if isinstance(think, (int, float)) and math.isfinite(think):
+        return max(0.0, float(think))
+    if prev is None:
+        return 0.0
+    api = prev.get("api_time") or 0.0
+    return max(0.0, float(req.get("t", 0.0)) - float(prev.get("t", 0.0)) - float(api))
+
+
+def scale_session(
+    trace: Mapping[str, Any],
+    *,
+    turns: int,
+    merge: int,
+    max_out: int,
+    max_think: float,
+    think_scale: float = 1.0,
+) -> dict[str, Any]:
+    """A weka-trace session AIPerf can replay, scaled down (pure function).
+
+    Takes the first ``turns`` main requests (:func:`main_requests`); merges
+    every ``merge`` consecutive 64-token hash blocks into one 64-token block
+    (new ids, one per distinct run of ``merge`` original ids, numbered from 1
+    in order of first appearance, so turns that shared a prefix of whole
+    runs still share it), which divides prompt tokens by ``merge``:
+    ``in = merged_blocks * 64 + max(1, (in - merged_blocks * merge * 64) // merge)``
+    (the ``max(1, ...)`` keeps a fresh user tail on every turn); output
+    tokens become ``min(max_out, ceil(out / merge))`` (>= 1); think times
+    ``min(max_think, think * think_scale)`` (the first request's is 0);
+    ``t`` is rebuilt as ``previous t + previous api_time + think``.
+    ``tool_tokens``/``system_tokens`` are divided by ``merge`` and clamped so
+    that their blocks fit the first prompt's merged blocks.
+
+    Raises ``ValueError`` if the session has no main request or an argument
+    is out of range.
+    """
+    if turns < 1 or merge < 1 or max_out < 1 or max_think < 0 or think_scale < 0:
+        raise ValueError("turns, merge and max_out must be >= 1; max_think and think_scale >= 0")
+    mains = main_requests(trace)[:turns]
+    if not mains:
+        raise ValueError(f"session {trace.get('id')!r} has no main request")
+    ids: dict[tuple[int, ...], int] = {}
+    out_reqs: list[dict[str, Any]] = []
+    prev: Mapping[str, Any] | None = None
+    t = 0.0
+    for k, req in enumerate(mains):
+        hashes = list(req.get("hash_ids") or [])
+        full = len(hashes) // merge
+        merged = [ids.setdefault(tuple(hashes[i * merge:(i + 1) * merge]), len(ids) + 1) for i in range(full)]
+        rest = max(0, int(req["in"]) - full * merge * AIPERF_BLOCK)
+        new_in = full * AIPERF_BLOCK + max(1, rest // merge)
+        new_out = max(1, min(max_out, math.ceil(int(req.get("out") or 0) / merge)))
+        think = 0.0 if k == 0 else min(max_think, _think(req, prev) * think_scale)
+        if k > 0:
+            t += float(prev.get("api_time") or 0.0) + think
+        api = req.get("api_time")
+        out_reqs.append({
+            "t": round(t, 3),
+            "type": "n",
+            "model": req.get("model") or "model",
+            "in": new_in,
+            "out": new_out,
+            "hash_ids": merged,
+            "input_types": list(req.get("input_types") or []),
+            "output_types": list(req.get("output_types") or []),
+            "stop": req.get("stop") or "",
+            "api_time": float(api) if isinstance(api, (int, float)) and math.isfinite(api) else None,
+            "think_time": round(think, 3),
+        })
+        prev = req
+    first_blocks = len(out_reqs[0]["hash_ids"])
+    tool = int(trace.get("tool_tokens") or 0) // merge
+    system = int(trace.get("system_tokens") or 0) // merge
+    # AIPerf takes the system segment from the first prompt's hash blocks
+    # (ceil((tool + system) / 64) of them) and refuses a trace without enough.
+    budget = first_blocks * AIPERF_BLOCK
+    if tool + system > budget:
+        tool = min(tool, budget)
+        system = budget - tool
+    return {
+        "id": str(trace.get("id") or "session"),
+        "models": [out_reqs[0]["model"]],
+        "block_size": AIPERF_BLOCK,
+        "hash_id_scope": "local",
+        "tool_tokens": tool,
+        "system_tokens": system,
+        "requests": out_reqs,
+    }
+
+
+def peak_tokens(session: Mapping[str, Any]) -> int:
+    """Largest prompt + output of a (scaled) session, in tokens."""
+    return max(int(r["in"]) + int(r["out"]) for r in session["requests"])
+
+
+def select_sessions(
+    trace_dir: str,
+    *,
+    sessions: int,
+    turns: int,
+    min_turns: int = 2,
+    max_input: int | None = None,
+    ids: Sequence[str] = (),
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(path, trace)`` of the sessions to replay, in file-name order: the
+    named ``ids`` (file stem or trace id), else the first ``sessions``
+    parseable traces with at least ``min_turns`` main requests whose first
+    ``turns`` main prompts stay within ``max_input`` recorded tokens."""
+    names = sorted(n for n in os.listdir(trace_dir) if n.endswith(".json"))
+    chosen: list[tuple[str, dict[str, Any]]] = []
+    wanted = set(ids)
+    for name in names:
+        path = os.path.join(trace_dir, name)
+        if wanted and name[:-5] not in wanted:
+            # Cheap filter first; the trace id is checked after loading.
+            trace = load_trace(path)
+            if trace is None or trace.get("id") not in wanted:
+                continue
+        else:
+            trace = load_trace(path)
+            if trace is None:
+                continue
+        mains = main_requests(trace)[:turns]
+        if not wanted:
+            if len(mains) < min_turns:
+                continue
+            if max_input is not None and max(int(r["in"]) for r in mains) > max_input:
+                continue
+        elif not mains:
+            continue
+        chosen.append((path, trace))
+        if not wanted and len(chosen) >= sessions:
+            break
+    return chosen
+
+
+# ----------------------------------------------------------------------
+# AIPerf records -> per-request and per-session figures (pure functions)
+# ----------------------------------------------------------------------
+def read_records(path: str) -> list[dict[str, Any]]:
+    """AIPerf's ``profile_export.jsonl`` (one JSON record per line)."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                records.append(json.loads(line))
+    return records
+
+
+def _metric(record: Mapping[str, Any], name: str) -> float | None:
+    """A per-record metric in its unit (``{"value": v, "unit": u}``), ms -> s."""
+    m = (record.get("metrics") or {}).get(name)
+    if m is None:
+        return None
+    value = m.get("value") if isinstance(m, dict) else m
+    if value is None:
+        return None
+    unit = m.get("unit", "ms") if isinstance(m, dict) else "ms"
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}.get(unit)
+    return float(value) * scale if scale is not None else float(value)
+
+
+def _count(record: Mapping[str, Any], *names: str) -> int | None:
+    """The first of ``names`` present among the record's metrics, as an int
+    (token counts: ``{"value": n, "unit": "tokens"}``)."""
+    metrics = record.get("metrics") or {}
+    for name in names:
+        m = metrics.get(name)
+        value = m.get("value") if isinstance(m, dict) else m
+        if isinstance(value, (int, float)):
+            return int(value)
+    return None
+
+
+def session_key(record: Mapping[str, Any]) -> str:
+    """The session a record belongs to: its ``conversation_id`` up to ``::``
+    (AIPerf names sub-agent children ``TRACE::sa:...``), else its
+    ``x_correlation_id``."""
+    meta = record.get("metadata") or {}
+    conv = meta.get("conversation_id")
+    if conv:
+        return str(conv).split("::", 1)[0]
+    return str(meta.get("x_correlation_id") or "?")
+
+
+@dataclass
+class SessionStats:
+    session: str
+    requests: int
+    failed: int
+    start_ns: int
+    end_ns: int
+    jct_s: float
+    ttft_s: list[float] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+
+
+def request_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per request: session, turn, start/end (ns), TTFT and latency
+    (s), ok (no error)."""
+    rows = []
+    for rec in records:
+        meta = rec.get("metadata") or {}
+        start = meta.get("request_start_ns")
+        end = meta.get("request_end_ns")
+        rows.append({
+            "session": session_key(rec),
+            "conversation_id": meta.get("conversation_id"),
+            "x_correlation_id": meta.get("x_correlation_id"),
+            "turn_index": meta.get("turn_index"),
+            "start_ns": int(start) if start is not None else None,
+            "end_ns": int(end) if end is not None else None,
+            "ttft_s": _metric(rec, "time_to_first_token"),
+            "latency_s": _metric(rec, "request_latency"),
+            "prompt_tokens": _count(rec, "usage_prompt_tokens", "input_sequence_length"),
+            "cached_tokens": _count(rec, "usage_prompt_cache_read_tokens"),
+            "output_tokens": _count(rec, "usage_completion_tokens", "output_sequence_length"),
+            "ok": not rec.get("error") and meta.get("was_cancelled") is not True,
+            "error": rec.get("error"),
+        })
+    return rows
+
+
+def jct_by_session(records: Iterable[Mapping[str, Any]]) -> dict[str, SessionStats]:
+    """Per session (:func:`session_key`): first request start to last request
+    end, in seconds, with its requests' TTFTs and latencies."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in request_rows(records):
+        groups[row["session"]].append(row)
+    stats = {}
+    for key, rows in groups.items():
+        starts = [r["start_ns"] for r in rows if r["start_ns"] is not None]
+        ends = [r["end_ns"] for r in rows if r["end_ns"] is not None]
+        if not starts or not ends:
+            continue
+        stats[key] = SessionStats(
+            session=key,
+            requests=len(rows),
+            failed=sum(not r["ok"] for r in rows),
+            start_ns=min(starts),
+            end_ns=max(ends),
+            jct_s=(max(ends) - min(starts)) / 1e9,
+            ttft_s=[r["ttft_s"] for r in rows if r["ttft_s"] is not None],
+            latency_s=[r["latency_s"] for r in rows if r["latency_s"] is not None],
+        )
+    return stats
+
+
+def cache_hit_share(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
+    """Share of prompt tokens served from the prefix cache over an arm, from
+    ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``
+    deltas (``None`` when nothing was queried)."""
+    from .server import metric_sum
+
+    hits = metric_sum(after, "vllm:prefix_cache_hits_total") - metric_sum(before, "vllm:prefix_cache_hits_total")
+    queries = metric_sum(after, "vllm:prefix_cache_queries_total") - metric_sum(before, "vllm:prefix_cache_queries_total")
+    return hits / queries if queries > 0 else None
+
+
+def summarize_arm(policy: str, records: Sequence[Mapping[str, Any]],
+                  hit_share: float | None = None) -> dict[str, Any]:
+    """The arm's summary: sessions, requests, failures, JCT / TTFT / latency
+    statistics (s) and the prefix-cache hit share."""
+    from .stats import summarize
+
+    sessions = jct_by_session(records)
+    rows = request_rows(records)
+    jcts = [s.jct_s for s in sessions.values()]
+    prompt = sum(r["prompt_tokens"] or 0 for r in rows)
+    cached = sum(r["cached_tokens"] or 0 for r in rows)
+    ttfts = [r["ttft_s"] for r in rows if r["ttft_s"] is not None and r["ok"]]
+    lats = [r["latency_s"] for r in rows if r["latency_s"] is not None and r["ok"]]
+    return {
+        "policy": policy,
+        "sessions": len(sessions),
+        "requests": len(rows),
+        "failed": sum(not r["ok"] for r in rows),
+        "jct_s": summarize(jcts) if jcts else None,
+        "ttft_s": summarize(ttfts) if ttfts else None,
+        "latency_s": summarize(lats) if lats else None,
+        "prefix_cache_hit_share": hit_share,
+        # The same from the replies' usage (vLLM --enable-prompt-tokens-details).
+        "cached_token_share": cached / prompt if prompt and any(r["cached_tokens"] is not None for r in rows) else None,
+        "per_session": {k: {"requests": s.requests, "failed": s.failed, "jct_s": s.jct_s}
+                        for k, s in sorted(sessions.items())},
+    }
+
+
+def format_summary(s: Mapping[str, Any]) -> str:
+    """The one line printed per arm."""
+    def f(stat: Mapping[str, Any] | None, key: str) -> str:
+        return f"{stat[key]:.2f}s" if stat else "n/a"
+
+    hit = s.get("prefix_cache_hit_share")
+    counters = s.get("server_counters")
+    return (f"{s['policy']:<14} sessions={s['sessions']} requests={s['requests']} failed={s['failed']} "
+            f"JCT mean={f(s['jct_s'], 'mean')} p90={f(s['jct_s'], 'p90')} "
+            f"TTFT mean={f(s['ttft_s'], 'mean')} latency mean={f(s['latency_s'], 'mean')} "
+            f"prefix-cache hits={'n/a' if hit is None else f'{hit:.1%}'}"
+            + ("" if not counters else
+               f" preemptions={counters.get('preemptions', 0):.0f} pins={counters.get('pins_created', 0):.0f}"
+               f" pin-hit-tokens={counters.get('pin_hit_tokens', 0):.0f}"))
+
+
+# ----------------------------------------------------------------------
+# Commands
+# ----------------------------------------------------------------------
+def aiperf_command(
+    aiperf: str,
+    *,
+    url: str,
+    model: str,
+    tokenizer: str,
+    traces: str,
+    sessions: int,
+    out_dir: str,
+    concurrency: int | None = None,
+    ramp_s: float | None = None,
+    seed: int = 0,
+    timeout_s: float | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The ``aiperf profile`` command line of one arm."""
+    n = str(concurrency or sessions)
+    cmd = [
+        aiperf, "profile",
+        "--model", model, "--url", url, "--endpoint-type", "chat", "--streaming",
+        "--tokenizer", tokenizer,
+        "--custom-dataset-type", "weka_trace", "--input-file", traces,
+        "--session-header", "X-Session-ID",
+        "--no-fixed-schedule", "--use-think-time-only",
+        "--concurrency", n, "--conversation-num", str(sessions),
+        "--extra-inputs", "ignore_eos:true",
+        # Token counts from the server's usage (no client-side tokenising of
+        # every reply on a 2-core machine that also runs the server).
+        "--use-server-token-count",
+        "--random-seed", str(seed),
+        "--output-artifact-dir", out_dir,
+        "--ui-type", "none", "--no-server-metrics", "--no-gpu-telemetry",
+    ]
+    if ramp_s:
+        cmd += ["--concurrency-ramp-duration", f"{ramp_s:g}"]
+    if timeout_s:
+        cmd += ["--request-timeout-seconds", f"{timeout_s:g}"]
+    return cmd + list(extra)
+
+
+def gpu_command(trace_dir: str, sessions: int, model: str = "MODEL", url: str = "http://HOST:8000",
+                policy: str = "POLICY") -> str:
+    """The unscaled replay for a GPU user (sub-agents and all), as text."""
+    return " ".join([
+        "aiperf profile", "--model", model, "--url", url, "--endpoint-type chat --streaming",
+        "--tokenizer", model, "--custom-dataset-type weka_trace", "--input-file", shlex.quote(trace_dir),
+        "--session-header X-Session-ID --no-fixed-schedule --use-think-time-only",
+        f"--concurrency {sessions} --conversation-num {sessions}",
+        "--extra-inputs ignore_eos:true", f"--output-artifact-dir artifacts/{policy}",
+        f"   # against: vllm serve {model} --scheduling-policy {policy}",
+    ])
+
+
+def aiperf_env() -> dict[str, str]:
+    """AIPerf's environment: online mode (with ``HF_HUB_OFFLINE`` set AIPerf
+    0.13 resolves even a local tokenizer directory in the hub cache and
+    fails), its dataset cache off (it keys on the tokenizer *path* and could
+    serve a stale tokenisation of a rebuilt model), and sub-agent chain
+    splitting off (the scaled traces hold one main chain each)."""
+    env = dict(os.environ)
+    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(k, None)
+    env["AIPERF_DATASET_MMAP_CACHE_ENABLED"] = "false"
+    env["AIPERF_DATASET_WEKA_SPLIT_FLATTENED_AGENTS"] = "false"
+    env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    return env
+
+
+# ----------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------
+@dataclass
+class Plan:
+    """What every arm replays: scaled sessions and the server's sizing."""
+
+    sessions: list[dict[str, Any]]
+    sources: list[str]
+    num_blocks: int
+    max_model_len: int
+
+    def turns(self) -> dict[str, int]:
+        return {s["id"]: len(s["requests"]) for s in self.sessions}
+
+
+def plan_run(args: argparse.Namespace) -> Plan:
+    chosen = select_sessions(args.traces, sessions=args.sessions, turns=args.turns, min_turns=args.min_turns,
+                             max_input=args.max_input, ids=args.session_ids)
+    if not chosen:
+        raise SystemExit(f"no session in {args.traces} fits (--turns {args.turns}, --min-turns {args.min_turns}, "
+                         f"--max-input {args.max_input})")
+    sessions = [scale_session(t, turns=args.turns, merge=args.merge, max_out=args.max_out,
+                              max_think=args.max_think, think_scale=args.think_scale) for _, t in chosen]
+    peaks = [peak_tokens(s) for s in sessions]
+    max_model_len = args.max_model_len or math.ceil((max(peaks) + TEMPLATE_SLACK) / 256) * 256
+    # Auto pool: half the sessions' peak working set (each session's largest
+    # prompt + reply, chat-template slack included), but room for the largest
+    # request one and a half times over.
+    per_session = [math.ceil((p + TEMPLATE_SLACK) / SERVER_BLOCK) for p in peaks]
+    num_blocks = args.num_blocks or max(math.ceil(sum(per_session) / 2),
+                                        math.ceil(1.5 * max_model_len / SERVER_BLOCK))
+    return Plan(sessions, [p for p, _ in chosen], num_blocks, max_model_len)
+
+
+def write_traces(plan: Plan, run_dir: str) -> tuple[str, str]:
+    """The scaled traces (``RUN/traces``, what the arms replay) and a copy of
+    the same sessions unscaled (``RUN/unscaled_traces``, for a GPU)."""
+    scaled = os.path.join(run_dir, "traces")
+    unscaled = os.path.join(run_dir, "unscaled_traces")
+    os.makedirs(scaled, exist_ok=True)
+    os.makedirs(unscaled, exist_ok=True)
+    for session, src in zip(plan.sessions, plan.sources):
+        with open(os.path.join(scaled, f"{session['id']}.json"), "w") as f:
+            json.dump(session, f)
+        with open(src, "rb") as fin, open(os.path.join(unscaled, os.path.basename(src)), "wb") as fout:
+            fout.write(fin.read())
+    return scaled, unscaled
+
+
+def server_args(args: argparse.Namespace, policy: str, plan: Plan) -> list[str]:
+    from .dtype import dtype_bytes
+
+    kv_per_token = 2 * 30 * 3 * 64 * dtype_bytes(args.dtype)  # SmolLM2-135M: 30 layers, 3 KV heads x 64
+    kv_bytes = max(400_000_000, 2 * plan.num_blocks * SERVER_BLOCK * kv_per_token)
+    extra = []
+    if args.continuum_config and policy != "fcfs":
+        extra = ["--additional-config", json.dumps({"continuum": json.loads(args.continuum_config)})]
+    return [
+        "--scheduling-policy", policy,
+        "--block-size", str(SERVER_BLOCK),
+        "--num-gpu-blocks-override", str(plan.num_blocks),
+        "--kv-cache-memory-bytes", str(kv_bytes),
+        "--max-model-len", str(plan.max_model_len),
+        "--enforce-eager",
+        # Per-request cached tokens in the usage AIPerf records.
+        "--enable-prompt-tokens-details",
+        "--dtype", args.dtype,
+        *extra,
+        *args.server_arg,
+    ]
+
+
+def warm_up(url: str, model: str, lengths: Sequence[int]) -> None:
+    """One-off CPU kernel set-up costs, paid before the measurement (unique
+    prompts: nothing they leave in the prefix cache matches a trace)."""
+    import random
+
+    import requests
+
+    rng = random.Random(1234)
+    for n in lengths:
+        prompt = " ".join(f"warm{rng.randrange(10**6)}" for _ in range(max(1, n // 4)))
+        requests.post(url + "/v1/completions", timeout=600,
+                      json={"model": model, "prompt": prompt, "max_tokens": 4, "ignore_eos": True})
+
+
+CONTINUUM_COUNTERS = {
+    "pins_created": "vllm_continuum:pins_created_total",
+    "pin_hit_tokens": "vllm_continuum:pin_hit_tokens_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+}
+
+
+def counter_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    from .server import metric_sum
+
+    out = {k: metric_sum(after, name) - metric_sum(before, name) for k, name in CONTINUUM_COUNTERS.items()}
+    for reason in ("ttl", "pressure", "handoff", "cap", "abort"):
+        name = "vllm_continuum:pins_released_total"
+        out[f"pins_released_{reason}"] = (metric_sum(after, name, reason=reason)
+                                          - metric_sum(before, name, reason=reason))
+    return out
+
+
+def _count_lines(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def run_aiperf(cmd: Sequence[str], log_path: str, timeout_s: float, report_s: float = 30.0,
+               records_path: str | None = None, expected: int | None = None) -> int:
+    """Run AIPerf in its own process group (stopped by its PID on timeout or
+    interrupt), its output to ``log_path``; progress every ``report_s``
+    (requests recorded so far: AIPerf appends to ``records_path`` as they
+    finish)."""
+    import signal
+
+    started = time.monotonic()
+    with open(log_path, "w") as logf:
+        proc = subprocess.Popen(list(cmd), stdout=logf, stderr=subprocess.STDOUT, env=aiperf_env(),
+                                start_new_session=True)
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=report_s)
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - started
+                if elapsed > timeout_s:
+                    log(f"  aiperf still running after {elapsed:.0f}s: stopping it (pid {proc.pid})")
+                    raise TimeoutError(f"aiperf exceeded {timeout_s:.0f}s")
+                if records_path is not None:
+                    log(f"  aiperf running {elapsed:.0f}s: {_count_lines(records_path)}"
+                        f"{'' if expected is None else f'/{expected}'} requests recorded")
+                else:
+                    log(f"  aiperf running {elapsed:.0f}s: {_last_line(log_path)}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _last_line(path: str, width: int = 110) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f.readlines()[-20:] if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-width:] if lines else "(no output yet)"
+
+
+def run_arm(args: argparse.Namespace, policy: str, plan: Plan, traces: str, run_dir: str,
+            aiperf: str) -> dict[str, Any]:
+    from .server import VLLMServer
+
+    arm_dir = os.path.join(run_dir, policy)
+    os.makedirs(arm_dir, exist_ok=True)
+    t0 = time.monotonic()
+    server = VLLMServer(args.model, server_args(args, policy, plan), served_name=args.served_name,
+                        startup_timeout_s=args.startup_timeout, dtype=args.dtype,
+                        on_wait=lambda s, srv: log(f"  [{policy}] server starting {s:.0f}s: {srv.last_log_line()}"),
+                        wait_report_s=20.0)
+    log(f"[{policy}] starting vllm serve (pool {plan.num_blocks} x {SERVER_BLOCK}-token blocks, "
+        f"max-model-len {plan.max_model_len}, {args.dtype})")
+    try:
+        server.start()
+        log(f"[{policy}] server up on {server.url} (pid {server.proc.pid}) in {time.monotonic() - t0:.0f}s; warming up")
+        warm_up(server.url, args.served_name, (64, min(1024, plan.max_model_len // 2)))
+        before = server.metrics()
+        cmd = aiperf_command(aiperf, url=server.url, model=args.served_name, tokenizer=args.tokenizer or args.model,
+                             traces=traces, sessions=len(plan.sessions), out_dir=os.path.join(arm_dir, "aiperf"),
+                             concurrency=args.concurrency, ramp_s=args.ramp, seed=args.seed,
+                             timeout_s=args.arm_timeout)
+        with open(os.path.join(arm_dir, "aiperf_command.txt"), "w") as f:
+            f.write(shlex.join(cmd) + "\n")
+        log(f"[{policy}] {shlex.join(cmd)}")
+        t1 = time.monotonic()
+        rc = run_aiperf(cmd, os.path.join(arm_dir, "aiperf.log"), args.arm_timeout,
+                        records_path=os.path.join(arm_dir, "aiperf", "profile_export.jsonl"),
+                        expected=sum(plan.turns().values()))
+        wall = time.monotonic() - t1
+        after = server.metrics()
+    finally:
+        server.stop()
+        try:
+            with open(server.log_path, "rb") as fin, open(os.path.join(arm_dir, "server.log"), "wb") as fout:
+                fout.write(fin.read())
+        except OSError:
+            pass
+    records_path = os.path.join(arm_dir, "aiperf", "profile_export.jsonl")
+    if rc != 0 or not os.path.exists(records_path):
+        raise RuntimeError(f"[{policy}] aiperf exited with {rc}; see {os.path.join(arm_dir, 'aiperf.log')}:\n"
+                           f"{_last_line(os.path.join(arm_dir, 'aiperf.log'), 400)}")
+    records = read_records(records_path)
+    summary = summarize_arm(policy, records, cache_hit_share(before, after))
+    expected = plan.turns()
+    done = {k: v["requests"] - v["failed"] for k, v in summary["per_session"].items()}
+    summary["incomplete_sessions"] = sorted(k for k, n in expected.items() if done.get(k, 0) < n)
+    summary["aiperf_wall_s"] = wall
+    summary["server_counters"] = counter_deltas(before, after)
+    summary["requests_detail"] = request_rows(records)
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.aiperf_replay", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--traces", default=DEFAULT_TRACES,
+                   help="directory of kv-cache-tester Claude Code trace files (default: %(default)s)")
+    p.add_argument("--policies", default="fcfs,continuum,context_serve",
+                   help="comma-separated --scheduling-policy values, one arm each (default: %(default)s)")
+    p.add_argument("--sessions", type=int, default=4, help="sessions to replay (default: %(default)s)")
+    p.add_argument("--session-ids", default="",
+                   help="comma-separated trace ids / file stems to replay instead of the first --sessions")
+    p.add_argument("--turns", type=int, default=6, help="first K main turns of each session (default: %(default)s)")
+    p.add_argument("--min-turns", type=int, default=2,
+                   help="skip sessions with fewer main turns (default: %(default)s)")
+    p.add_argument("--max-input", type=int, default=24000,
+                   help="skip sessions whose first --turns prompts exceed this many RECORDED tokens "
+                        "(default: %(default)s; 0: no limit)")
+    p.add_argument("--merge", type=int, default=16,
+                   help="merge every M consecutive 64-token hash blocks into one 64-token block: "
+                        "AIPerf fixes the block size of trace files at 64, so this DIVIDES PROMPT "
+                        "TOKENS BY M (default: %(default)s; 1 = unscaled prompts)")
+    p.add_argument("--max-out", type=int, default=32,
+                   help="output tokens per request: min(this, ceil(recorded out / M)) (default: %(default)s)")
+    p.add_argument("--max-think", type=float, default=5.0,
+                   help="cap on each think time (tool + user gap before a request), seconds "
+                        "(default: %(default)s)")
+    p.add_argument("--think-scale", type=float, default=1.0,
+                   help="multiplies recorded think times before the cap (default: %(default)s)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="AIPerf session concurrency (default: all sessions at once)")
+    p.add_argument("--ramp", type=float, default=None,
+                   help="AIPerf --concurrency-ramp-duration, seconds (default: none, all sessions start together)")
+    p.add_argument("--model", default=DEFAULT_MODEL_DIR, help="model directory (default: embedded SmolLM2-135M)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory for AIPerf (default: --model)")
+    p.add_argument("--served-name", default="smollm2", help="served model name (default: %(default)s)")
+    p.add_argument("--dtype", default=None,
+                   help="server dtype (default: the project's serving_dtype(): bf16 only where native, else fp32)")
+    p.add_argument("--num-blocks", type=int, default=0,
+                   help="KV pool in 32-token blocks, the same for every arm (default 0 = auto: half the "
+                        "sessions' peak working set, at least 1.5 x the largest request)")
+    p.add_argument("--max-model-len", type=int, default=0,
+                   help="(default 0 = auto: the largest scaled request + 256, rounded up to 256)")
+    p.add_argument("--continuum-config", default=None,
+                   help="JSON of plugin settings for the non-fcfs arms (--additional-config "
+                        "'{\"continuum\": ...}'), e.g. '{\"default_ttl_s\": 10}'")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra vllm serve argument for every arm (repeatable), e.g. --server-arg=--max-num-seqs=8")
+    p.add_argument("--aiperf", default=os.path.join(DEFAULT_AIPERF_VENV, "bin", "aiperf"),
+                   help="aiperf executable (default: %(default)s; CONTINUUM_AIPERF_VENV)")
+    p.add_argument("--seed", type=int, default=0, help="AIPerf --random-seed (default: %(default)s)")
+    p.add_argument("--startup-timeout", type=float, default=600.0, help="server start timeout, s (default: %(default)s)")
+    p.add_argument("--arm-timeout", type=float, default=1800.0, help="AIPerf timeout per arm, s (default: %(default)s)")
+    p.add_argument("--out", default=None,
+                   help="run directory (default: results/aiperf_replay/YYYYmmdd-HHMMSS)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write the scaled traces, print the commands, start nothing")
+    p.add_argument("--summarize", nargs="+", metavar="PATH",
+                   help="only summarise existing AIPerf runs (an artifact dir or its profile_export.jsonl, "
+                        "e.g. a GPU run of the command above), one line each, and exit")
+    return p
+
+
+def summarize_paths(paths: Sequence[str]) -> int:
+    """``--summarize``: one summary line per AIPerf run. Without the server's
+    counters the prefix-cache share is the replies' ``cached_tokens`` share
+    (``n/a`` unless vLLM ran with ``--enable-prompt-tokens-details``)."""
+    for path in paths:
+        jsonl = os.path.join(path, "profile_export.jsonl") if os.path.isdir(path) else path
+        summary = summarize_arm(path.rstrip("/"), read_records(jsonl))
+        summary["prefix_cache_hit_share"] = summary["cached_token_share"]
+        print(format_summary(summary))
+    return 0
+
+
+def aiperf_version(aiperf: str) -> str | None:
+    python = os.path.join(os.path.dirname(aiperf), "python")
+    try:
+        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('aiperf'))"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .dtype import cpu_name, serving_dtype
+
+    args = build_parser().parse_args(argv)
+    if args.summarize:
+        return summarize_paths(args.summarize)
+    args.session_ids = [s.strip() for s in args.session_ids.split(",") if s.strip()]
+    args.max_input = args.max_input or None
+    args.dtype = args.dtype or serving_dtype()
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not os.path.isdir(args.traces):
+        print(f"trace directory {args.traces} not found (--traces)", file=sys.stderr)
+        return 2
+    run_dir = args.out or os.path.join("results", "aiperf_replay", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(run_dir, exist_ok=True)
+    plan = plan_run(args)
+    traces, unscaled = write_traces(plan, run_dir)
+    version = aiperf_version(args.aiperf)
+    log(f"CPU: {cpu_name()}; dtype {args.dtype}; AIPerf {version or 'NOT FOUND at ' + args.aiperf}")
+    for s in plan.sessions:
+        ins = [r["in"] for r in s["requests"]]
+        log(f"session {s['id']}: {len(ins)} turns, prompts {min(ins)}-{max(ins)} tokens, "
+            f"out {[r['out'] for r in s['requests']]}, think {[r['think_time'] for r in s['requests'][1:]]}s")
+    log(f"scaled traces in {traces} (prompts / {args.merge}); pool {plan.num_blocks} blocks, "
+        f"max-model-len {plan.max_model_len}")
+    gpu = gpu_command(os.path.abspath(unscaled), len(plan.sessions))
+    print(f"GPU (unscaled, same sessions):\n  {gpu}", flush=True)
+    if args.dry_run:
+        for policy in policies:
+            print(f"{policy}: vllm serve {args.model} {shlex.join(server_args(args, policy, plan))}")
+            print("  " + shlex.join(aiperf_command(args.aiperf, url="http://127.0.0.1:PORT", model=args.served_name,
+                                                   tokenizer=args.tokenizer or args.model, traces=traces,
+                                                   sessions=len(plan.sessions),
+                                                   out_dir=os.path.join(run_dir, policy, "aiperf"),
+                                                   concurrency=args.concurrency, ramp_s=args.ramp, seed=args.seed,
+                                                   timeout_s=args.arm_timeout)))
+        return 0
+    if version is None:
+        print(f"aiperf not found at {args.aiperf}: install it (pip install aiperf=={AIPERF_VERSION}) "
+              "in its own venv, see scripts/setup.sh", file=sys.stderr)
+        return 2
+    results: dict[str, Any] = {
+        "cpu": cpu_name(), "dtype": args.dtype, "aiperf_version": version,
+        "config": {k: v for k, v in vars(args).items()},
+        "num_blocks": plan.num_blocks, "block_size": SERVER_BLOCK, "max_model_len": plan.max_model_len,
+        "sessions": [{"id": s["id"], "source": src, "turns": len(s["requests"]),
+                      "in": [r["in"] for r in s["requests"]], "out": [r["out"] for r in s["requests"]],
+                      "think_s": [r["think_time"] for r in s["requests"]]}
+                     for s, src in zip(plan.sessions, plan.sources)],
+        "gpu_command": gpu,
+        "arms": [],
+    }
+    lines = []
+    failed = False
+    for policy in policies:
+        t = time.monotonic()
+        try:
+            summary = run_arm(args, policy, plan, traces, run_dir, args.aiperf)
+        except Exception as e:  # one arm's failure is reported, the others still run
+            log(f"[{policy}] FAILED: {e}")
+            results["arms"].append({"policy": policy, "error": str(e)})
+            failed = True
+            continue
+        summary["arm_wall_s"] = time.monotonic() - t
+        results["arms"].append(summary)
+        line = format_summary(summary)
+        lines.append(line)
+        log(f"[{policy}] done in {summary['arm_wall_s']:.0f}s")
+        print(line, flush=True)
+        failed |= bool(summary["failed"] or summary["incomplete_sessions"])
+    path = os.path.join(run_dir, "results.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    print(f"CPU: {cpu_name()}; dtype {args.dtype}; AIPerf {version}; pool {plan.num_blocks} x {SERVER_BLOCK} "
+          f"blocks; {len(plan.sessions)} sessions x <= {args.turns} turns, prompts / {args.merge}")
+    for line in lines:
+        print(line)
+    print(f"results: {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Data shipped with the benchmarks: the Claude Code trace subset (claude_code_traces/)."""

@@ -1,0 +1,139 @@
+"""The policies a simulation compares, each on vLLM's real scheduler.
+
+An :class:`Arm` names a scheduling policy and how the KV pool is sized:
+
+* ``fcfs`` -- vLLM's stock scheduler: a finished turn's KV is freed (its
+  blocks stay in the prefix cache until something else needs them);
+* ``continuum`` / ``context_serve`` -- the plugin's schedulers (pins with a
+  TTL, job-aware queue and preemption, soft pins);
+* ``oracle`` -- the stock scheduler over a pool that never evicts (large
+  enough for every job's whole context at once): the bound that retention can
+  reach, reported as such.
+
+The scheduler is built the way vLLM's ``EngineCore`` builds it --
+``VllmConfig`` → ``get_scheduler_cls()`` → ``cls(vllm_config, kv_cache_config,
+...)`` -- over a config-only model directory (``skip_tokenizer_init``), so
+contexts of 100k+ tokens need no weights and no tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.structured_output import StructuredOutputManager
+
+from vllm_continuum_plugin.clock import ManualClock
+from vllm_continuum_plugin.registration import register
+
+__all__ = ["ARMS", "Arm", "EngineShape", "build_scheduler", "parse_arms"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One policy of a comparison.
+
+    ``policy``: vLLM's ``--scheduling-policy``; ``unbounded_pool``: the
+    oracle's pool that never evicts; ``continuum``: the plugin's settings
+    (``--additional-config '{"continuum": {...}}'``).
+    """
+
+    name: str
+    policy: str
+    unbounded_pool: bool = False
+    continuum: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def is_plugin(self) -> bool:
+        return self.policy in ("continuum", "context_serve")
+
+
+ARMS: dict[str, Arm] = {
+    "fcfs": Arm("fcfs", "fcfs"),
+    "continuum": Arm("continuum", "continuum"),
+    "context_serve": Arm("context_serve", "context_serve"),
+    "oracle": Arm("oracle", "fcfs", unbounded_pool=True),
+}
+
+
+def parse_arms(spec: str) -> list[Arm]:
+    """``"fcfs,continuum,oracle"`` → arms, in that order; unknown names are an
+    error that lists the known ones."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"no policy named in {spec!r}; choose from {', '.join(ARMS)}")
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown policy {unknown[0]!r}; choose from {', '.join(ARMS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a policy is named twice in {spec!r}")
+    return [ARMS[n] for n in names]
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """The engine limits and KV layout a scheduler is built with."""
+
+    model_dir: str
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    num_kv_heads: int = 8
+    head_size: int = 128
+
+
+_registered = False
+
+
+def build_scheduler(arm: Arm, shape: EngineShape, clock: ManualClock, num_blocks: int | None = None) -> Scheduler:
+    """vLLM's scheduler for ``arm`` over ``shape`` (``num_blocks`` overrides
+    the pool size: the oracle's). The plugin's schedulers run on ``clock``."""
+    global _registered
+    if not _registered:
+        register()
+        _registered = True
+    blocks = num_blocks if num_blocks is not None else shape.num_blocks
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=shape.max_num_seqs,
+        max_num_batched_tokens=shape.max_num_batched_tokens,
+        max_model_len=shape.max_model_len,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        policy=arm.policy,
+    )
+    model_config = ModelConfig(
+        model=shape.model_dir, dtype="bfloat16", seed=0, max_model_len=shape.max_model_len,
+        skip_tokenizer_init=True,
+    )
+    cache_config = CacheConfig(block_size=shape.block_size, cache_dtype="auto", enable_prefix_caching=True)
+    cache_config.num_gpu_blocks = blocks
+    vllm_config = VllmConfig(
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+        device_config=DeviceConfig("cpu"),
+        additional_config={"continuum": dict(arm.continuum)} if arm.continuum else {},
+    )
+    spec = FullAttentionSpec(
+        block_size=shape.block_size, num_kv_heads=shape.num_kv_heads, head_size=shape.head_size,
+        dtype=torch.bfloat16,
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layers"], spec)],
+    )
+    cls = vllm_config.scheduler_config.get_scheduler_cls()
+    kwargs: dict[str, Any] = {"clock": clock} if arm.is_plugin else {}
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=shape.block_size,
+        log_stats=True,
+        **kwargs,
+    )

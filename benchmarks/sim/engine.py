@@ -1,0 +1,386 @@
+"""The replay loop: vLLM's real scheduler, a virtual clock, a step-time model.
+
+Each step:
+
+1. every turn whose arrival time has come is added (``add_request``) with
+   its job metadata (``job_id``, ``is_last_step``, ``tool_name``) and an
+   ``arrival_time`` read from the virtual clock;
+2. ``schedule()`` runs on the real scheduler (vLLM's stock one, or the
+   plugin's ``continuum`` / ``context_serve``);
+3. the batch it built is read off the ``SchedulerOutput`` -- for each
+   scheduled request its new tokens and the context computed before them --
+   and priced by the :class:`~.step_model.StepModel`; the clock advances by
+   that many seconds;
+4. a ``ModelRunnerOutput`` with scripted tokens (the reply the job's next
+   turn re-sends) goes to ``update_from_output()``;
+5. each finished turn queues its job's next turn at ``now + think_s``.
+
+When nothing runs, the clock jumps to the next arrival (or pin deadline).
+
+Invariants: nothing on a decision path reads a wall clock -- the scheduler,
+its pins and its estimators read the injected :class:`ManualClock`, which
+only this loop advances -- so a run is a pure function of its inputs and two
+runs give identical records. Wall time is measured (for the simulator's own
+speed) and reported apart from the records.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import BlockHash, hash_block_tokens, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+
+from vllm_continuum_plugin.clock import ManualClock
+
+from .batch import BatchShape, PrefillChunk
+from .jobs import SimJob, TokenBook
+
+if TYPE_CHECKING:
+    from .step_model import StepModel
+
+__all__ = ["JobHasher", "ReplayEngine", "RunRecords", "SimulationStuck", "TurnRecord"]
+
+# Seconds: two events this close are one (float sums of step times).
+_EPS = 1e-9
+
+
+class SimulationStuck(RuntimeError):
+    """Requests wait, nothing can be scheduled, and no event is pending."""
+
+
+@dataclass
+class TurnRecord:
+    """What one turn saw. Times are seconds from the start of the run."""
+
+    job_id: str
+    turn: int
+    arrival_s: float
+    prompt_tokens: int
+    reusable_tokens: int  # what a pool that never evicts would hold (prefix shared with the previous turn)
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    cached_tokens: int = 0  # prefix-cache hit at first admission
+    prefill_tokens: int = 0  # prompt tokens computed, every admission counted (preemption recomputes)
+    preemptions: int = 0
+
+    @property
+    def ttft_s(self) -> float:
+        assert self.first_token_s is not None
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def queueing_s(self) -> float:
+        assert self.first_scheduled_s is not None
+        return self.first_scheduled_s - self.arrival_s
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """Prefill work beyond what no pool could have saved: tokens this turn
+        computed although its job had them in KV before (evicted, or
+        recomputed after a preemption)."""
+        must = self.prompt_tokens - self.reusable_tokens
+        return max(0, self.prefill_tokens - must)
+
+
+@dataclass
+class RunRecords:
+    """One arm's run: per-turn records and per-run counters."""
+
+    turns: list[TurnRecord] = field(default_factory=list)
+    job_arrival_s: dict[str, float] = field(default_factory=dict)
+    job_finish_s: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    busy_s: float = 0.0
+    makespan_s: float = 0.0
+    preemptions: int = 0
+    loaded_tokens: int = 0
+    stored_tokens: int = 0
+    counters: dict[str, Any] = field(default_factory=dict)  # pins, releases (plugin schedulers)
+    wall_s: float = 0.0  # the simulator's own time: NOT deterministic, kept out of summaries
+
+    def jct_s(self) -> dict[str, float]:
+        return {j: self.job_finish_s[j] - a for j, a in self.job_arrival_s.items() if j in self.job_finish_s}
+
+
+class JobHasher:
+    """vLLM's block hashes (the same chain ``get_request_block_hasher``
+    computes), memoized per job: a turn re-sends its job's whole history, and
+    hashing 100k tokens each turn would dominate the run. A block's hash is a
+    function of its parent's hash and its tokens, so the memo is exact.
+
+    Invariant: for every request, the hashes equal vLLM's own hasher's.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        init_none_hash(sha256)
+        self.block_size = block_size
+        self._memo: dict[str, dict[tuple[BlockHash | None, tuple[int, ...]], BlockHash]] = {}
+
+    def for_job(self, job_id: str) -> Callable[[Request], list[BlockHash]]:
+        memo = self._memo.setdefault(job_id, {})
+        size = self.block_size
+
+        def hasher(request: Request) -> list[BlockHash]:
+            start = len(request.block_hashes) * size
+            tokens = request.all_token_ids
+            parent = request.block_hashes[-1] if request.block_hashes else None
+            out: list[BlockHash] = []
+            while start + size <= request.num_tokens:
+                block = tuple(tokens[start : start + size])
+                key = (parent, block)
+                h = memo.get(key)
+                if h is None:
+                    h = hash_block_tokens(sha256, parent, block, None)
+                    memo[key] = h
+                out.append(h)
+                parent = h
+                start += size
+            return out
+
+        return hasher
+
+    def forget(self, job_id: str) -> None:
+        self._memo.pop(job_id, None)
+
+
+@dataclass
+class _Live:
+    """A submitted turn in flight."""
+
+    job: int
+    turn: int
+    request: Request
+    reply: list[int]
+    record: TurnRecord
+
+
+class ReplayEngine:
+    """Replays ``jobs`` through ``scheduler`` on ``clock`` priced by ``step_model``.
+
+    ``send_metadata``: whether requests carry the job metadata (the plugin's
+    schedulers read it; vLLM's stock one ignores it either way).
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        clock: ManualClock,
+        step_model: "StepModel",
+        jobs: Sequence[SimJob],
+        *,
+        block_size: int,
+        send_metadata: bool = True,
+        on_turn_finished: Callable[[TurnRecord], None] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.clock = clock
+        self.step_model = step_model
+        self.jobs = list(jobs)
+        self.block_size = block_size
+        self.send_metadata = send_metadata
+        self.on_turn_finished = on_turn_finished
+        self.book = TokenBook()
+        self.hasher = JobHasher(block_size)
+        self._t0 = clock.monotonic()
+        self._events: list[tuple[float, int, int, int]] = []  # (time, seq, job, turn)
+        self._seq = 0
+        self._live: dict[str, _Live] = {}
+        self.records = RunRecords()
+
+    # -- time ---------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds since the run started, on the virtual clock."""
+        return self.clock.monotonic() - self._t0
+
+    def _advance_to(self, t: float) -> None:
+        dt = t - self.now()
+        if dt > 0:
+            self.clock.advance(dt)
+
+    # -- arrivals -----------------------------------------------------------
+    def _queue(self, t: float, job: int, turn: int) -> None:
+        heapq.heappush(self._events, (t, self._seq, job, turn))
+        self._seq += 1
+
+    def _submit(self, job_index: int, turn_index: int) -> None:
+        job = self.jobs[job_index]
+        turn = job.turns[turn_index]
+        last = turn_index == len(job.turns) - 1
+        extra: dict[str, Any] | None = None
+        if self.send_metadata:
+            extra = {"job_id": job.job_id, "is_last_step": last}
+            if turn.tool_name and not last:
+                extra["tool_name"] = turn.tool_name
+        params = SamplingParams(max_tokens=turn.output_tokens, ignore_eos=True, extra_args=extra)
+        request_id = f"{job.job_id}#{turn_index}"
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=self.book.prompt(turn.prompt),
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=self.clock.time(),
+            block_hasher=self.hasher.for_job(job.job_id),
+        )
+        # A prefix hit is whole blocks, and vLLM recomputes at least the
+        # prompt's last token: what any pool could serve is rounded so.
+        bs = self.block_size
+        reusable = min(job.reusable_tokens(turn_index), (turn.prompt_tokens - 1) // bs * bs) // bs * bs
+        record = TurnRecord(job.job_id, turn_index, self.now(), turn.prompt_tokens, reusable)
+        self._live[request_id] = _Live(job_index, turn_index, request, job.reply_tokens(turn_index, self.book), record)
+        self.scheduler.add_request(request)
+
+    def _next_event_s(self, pins_too: bool) -> float | None:
+        """The next arrival, and with ``pins_too`` the next pin deadline still
+        ahead (what can free memory while requests wait). An idle engine need
+        not wake for a pin: the next ``schedule()`` releases every lapsed pin
+        before it admits anything."""
+        times = []
+        if self._events:
+            times.append(self._events[0][0])
+        pins = getattr(self.scheduler, "pins", None)
+        deadline = pins.next_deadline() if pins_too and pins is not None else None
+        if deadline is not None and deadline - self._t0 > self.now() + _EPS:
+            times.append(deadline - self._t0)
+        return min(times) if times else None
+
+    # -- one step -----------------------------------------------------------
+    def _batch(self, output: SchedulerOutput) -> BatchShape:
+        prefills: list[PrefillChunk] = []
+        decodes: list[int] = []
+        now = self.now()
+        for new_req in output.scheduled_new_reqs:
+            live = self._live[new_req.req_id]
+            if live.record.first_scheduled_s is None:
+                live.record.first_scheduled_s = now
+                live.record.cached_tokens = new_req.num_computed_tokens
+        for req_id in output.scheduled_cached_reqs.resumed_req_ids:
+            self._live[req_id].record.preemptions += 1
+            self.records.preemptions += 1
+        for req_id, n in output.num_scheduled_tokens.items():
+            live = self._live[req_id]
+            request = live.request
+            # schedule() has already advanced num_computed_tokens by n.
+            before = request.num_computed_tokens - n
+            if n == 1 and request.num_output_tokens > 0 and before == request.num_tokens - 1:
+                decodes.append(before)
+            else:
+                prefills.append(PrefillChunk(n, before))
+                live.record.prefill_tokens += min(n, max(0, request.num_prompt_tokens - before))
+        return BatchShape(tuple(prefills), tuple(decodes))
+
+    def _runner_output(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        req_ids = list(output.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for req_id in req_ids:
+            live = self._live[req_id]
+            request = live.request
+            if request.num_computed_tokens >= request.num_tokens:
+                sampled.append([live.reply[request.num_output_tokens]])
+            else:
+                sampled.append([])
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+
+    def _collect(self, engine_outputs: Any) -> None:
+        now = self.now()
+        for eco in (engine_outputs or {}).values():
+            for out in eco.outputs:
+                live = self._live.get(out.request_id)
+                if live is None:
+                    continue
+                if out.new_token_ids and live.record.first_token_s is None:
+                    live.record.first_token_s = now
+                if out.finish_reason is not None:
+                    self._finish(live, now)
+
+    def _finish(self, live: _Live, now: float) -> None:
+        del self._live[live.request.request_id]
+        live.record.finish_s = now
+        self.records.turns.append(live.record)
+        job = self.jobs[live.job]
+        if live.turn + 1 < len(job.turns):
+            self._queue(now + job.turns[live.turn + 1].think_s, live.job, live.turn + 1)
+        else:
+            self.records.job_finish_s[job.job_id] = now
+            self.hasher.forget(job.job_id)
+        if self.on_turn_finished is not None:
+            self.on_turn_finished(live.record)
+
+    # -- the loop -----------------------------------------------------------
+    def run(self) -> RunRecords:
+        wall0 = time.perf_counter()
+        for i, job in enumerate(self.jobs):
+            self.records.job_arrival_s[job.job_id] = job.arrival_s
+            self._queue(job.arrival_s, i, 0)
+        sched = self.scheduler
+        while self._events or self._live:
+            while self._events and self._events[0][0] <= self.now() + _EPS:
+                _, _, job, turn = heapq.heappop(self._events)
+                self._submit(job, turn)
+            if not self._live:
+                nxt = self._next_event_s(pins_too=False)
+                assert nxt is not None
+                self._advance_to(nxt)
+                continue
+            output = sched.schedule()
+            if output.total_num_scheduled_tokens == 0:
+                # Nothing fits: what frees memory or brings work is an event.
+                sched.update_from_output(output, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+                nxt = self._next_event_s(pins_too=True)
+                if nxt is None or nxt <= self.now() + _EPS:
+                    raise SimulationStuck(
+                        f"{len(self._live)} turns wait and nothing can be scheduled at t={self.now():.3f}s "
+                        f"(pool too small for one prompt?)"
+                    )
+                self._advance_to(nxt)
+                continue
+            batch = self._batch(output)
+            dt = self.step_model.step_seconds(batch)
+            self.clock.advance(dt)
+            self.records.steps += 1
+            self.records.busy_s += dt
+            self._collect(sched.update_from_output(output, self._runner_output(output)))
+        self.records.makespan_s = self.now()
+        self._drain_pins()
+        metrics = getattr(self.scheduler, "continuum_metrics", None)
+        if metrics is not None:
+            self.records.counters = {
+                "pins_created": metrics.pins_created,
+                "pins_released": dict(metrics.pins_released),
+                "pin_hit_tokens": metrics.pin_hit_tokens,
+            }
+        self.records.wall_s = time.perf_counter() - wall0
+        return self.records
+
+    def _drain_pins(self) -> None:
+        """Let every pin lapse (the clock moves past each deadline and a step
+        releases it), so the run ends with every KV block free and the pin
+        counters final."""
+        pins = getattr(self.scheduler, "pins", None)
+        last: float | None = None
+        while pins is not None and (deadline := pins.next_deadline()) is not None:
+            if deadline == last:  # a lapsed pin that release_expired keeps: nothing more to wait for
+                raise SimulationStuck(f"a pin with deadline {deadline} is not released after it lapsed")
+            last = deadline
+            self._advance_to(max(self.now(), deadline - self._t0) + _EPS)
+            output = self.scheduler.schedule()
+            self.scheduler.update_from_output(output, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+
+    def free_blocks(self) -> tuple[int, int]:
+        """(free, usable) KV blocks of the pool (the null block excluded)."""
+        pool = self.scheduler.kv_cache_manager.block_pool
+        return pool.get_num_free_blocks(), pool.num_gpu_blocks - 1

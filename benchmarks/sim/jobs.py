@@ -1,0 +1,317 @@
+"""The simulator's jobs: what each turn sends, how long its tool runs, and
+the token ids its prompt is made of.
+
+A :class:`SimJob` is one agent session. Turn ``k`` is sent ``think_s``
+seconds after turn ``k-1`` finished (turn 0 at the job's ``arrival_s``); its
+prompt is a sequence of :class:`Segment` s -- content identified by a key and
+a length -- so that two prompts share a prefix exactly where they share
+segments. Token ids are made from the keys by :class:`TokenBook`, once per
+segment, deterministically (a seeded PCG64 stream per key), so the same job
+list always gives the same token ids in every process.
+
+Two sources:
+
+* :func:`jobs_from_traces` -- kv-cache-tester sessions (``traces``): a
+  session's main-conversation requests become turns; each 64-token hash id
+  is one segment (keys scoped to the session, as the trace's ``"local"``
+  hash-id scope says), the prompt's remainder past its last full block is a
+  segment of its own;
+* :func:`jobs_from_workload` -- the synthetic presets of
+  ``benchmarks.workload`` (system prompt, task, tool outputs and replies),
+  optionally with a system prompt shared by every job.
+
+A turn's reply is what the next turn re-sends: the engine scripts the model
+to emit the tokens the next prompt holds right after this prompt
+(:meth:`SimJob.reply_tokens`), so the retained output blocks are hit too, as
+with a real agent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..workload import Job
+
+__all__ = [
+    "Segment",
+    "SimJob",
+    "SimTurn",
+    "TokenBook",
+    "jobs_from_traces",
+    "jobs_from_workload",
+    "poisson_arrivals",
+    "stable_key",
+]
+
+# Token ids are drawn from [_TOKEN_LOW, _TOKEN_HIGH): clear of the special
+# tokens at the bottom of a Llama-3 vocabulary, inside every model's range.
+_TOKEN_LOW = 1000
+_TOKEN_HIGH = 100_000
+
+
+def stable_key(*parts: object) -> int:
+    """A 63-bit key from ``parts`` that is the same in every process (Python's
+    ``hash`` of a str is salted per process)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``length`` tokens of content ``key``. Invariant: ``length >= 1``."""
+
+    key: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise ValueError(f"Segment length must be >= 1, got {self.length!r}")
+
+
+@dataclass(frozen=True)
+class SimTurn:
+    """One request of a job and the tool gap after it.
+
+    Invariants: ``prompt`` non-empty; ``output_tokens >= 1``; ``think_s``
+    finite and >= 0 (the gap between the previous turn's finish and this
+    turn's arrival; 0 on turn 0).
+    """
+
+    prompt: tuple[Segment, ...]
+    output_tokens: int
+    think_s: float
+    tool_name: str = ""  # the tool the reply runs ("" when the reply runs none)
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("SimTurn.prompt must hold at least one segment")
+        if self.output_tokens < 1:
+            raise ValueError(f"SimTurn.output_tokens must be >= 1, got {self.output_tokens!r}")
+        if not (math.isfinite(self.think_s) and self.think_s >= 0):
+            raise ValueError(f"SimTurn.think_s must be finite and >= 0, got {self.think_s!r}")
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.length for s in self.prompt)
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One agent session. Invariants: ``turns`` non-empty; ``arrival_s >= 0``."""
+
+    job_id: str
+    arrival_s: float
+    turns: tuple[SimTurn, ...]
+
+    def __post_init__(self) -> None:
+        if not self.turns:
+            raise ValueError(f"SimJob {self.job_id!r} needs at least one turn")
+        if not (math.isfinite(self.arrival_s) and self.arrival_s >= 0):
+            raise ValueError(f"SimJob {self.job_id!r} arrival_s must be finite and >= 0, got {self.arrival_s!r}")
+
+    def reusable_tokens(self, index: int) -> int:
+        """Tokens of turn ``index``'s prompt that a pool which never evicts
+        would still hold from turn ``index - 1`` (its prompt and reply): the
+        common prefix, in tokens. 0 for turn 0."""
+        if index == 0:
+            return 0
+        prev = self.turns[index - 1]
+        prev_len = prev.prompt_tokens
+        common = _common_segment_prefix(prev.prompt, self.turns[index].prompt)
+        if common < prev_len:
+            return common
+        # The previous prompt is a prefix: its reply is re-sent too (the
+        # engine scripts it so), up to the new prompt's length.
+        return min(self.turns[index].prompt_tokens, prev_len + prev.output_tokens)
+
+    def reply_tokens(self, index: int, book: "TokenBook") -> list[int]:
+        """The tokens turn ``index``'s reply consists of: what the next turn's
+        prompt holds right after this prompt when it extends it, else (and
+        past the next prompt's end) content unique to this reply."""
+        turn = self.turns[index]
+        n = turn.output_tokens
+        reply: list[int] = []
+        if index + 1 < len(self.turns):
+            nxt = self.turns[index + 1]
+            plen = turn.prompt_tokens
+            if _common_segment_prefix(turn.prompt, nxt.prompt) == plen:
+                reply = book.tokens_between(nxt.prompt, plen, plen + n)
+        if len(reply) < n:
+            reply += book.tokens(Segment(stable_key(self.job_id, index, "reply"), n - len(reply)))
+        return reply
+
+
+def _common_segment_prefix(a: Sequence[Segment], b: Sequence[Segment]) -> int:
+    """Tokens that ``a`` and ``b`` share from the start (whole segments)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            # Segments with one key share content up to the shorter one.
+            if x.key == y.key:
+                n += min(x.length, y.length)
+            break
+        n += x.length
+    return n
+
+
+class TokenBook:
+    """Token ids of segments, made once per key and cached.
+
+    Invariant: ``tokens(Segment(k, n))`` is the first ``n`` ids of key ``k``'s
+    stream, whatever else was asked before (so segments with one key and
+    different lengths share a prefix).
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[int, list[int]] = {}
+
+    def tokens(self, segment: Segment) -> list[int]:
+        have = self._cache.get(segment.key)
+        if have is None or len(have) < segment.length:
+            rng = np.random.Generator(np.random.PCG64(segment.key))
+            have = rng.integers(_TOKEN_LOW, _TOKEN_HIGH, size=segment.length).tolist()
+            self._cache[segment.key] = have
+        return have[: segment.length]
+
+    def prompt(self, segments: Iterable[Segment]) -> list[int]:
+        out: list[int] = []
+        for seg in segments:
+            out += self.tokens(seg)
+        return out
+
+    def tokens_between(self, segments: Sequence[Segment], start: int, end: int) -> list[int]:
+        """Token ids at positions ``[start, end)`` of the prompt ``segments``
+        (shorter if the prompt ends first)."""
+        out: list[int] = []
+        pos = 0
+        for seg in segments:
+            if pos >= end:
+                break
+            lo, hi = max(start, pos), min(end, pos + seg.length)
+            if lo < hi:
+                out += self.tokens(seg)[lo - pos : hi - pos]
+            pos += seg.length
+        return out
+
+    def forget(self, keys: Iterable[int]) -> None:
+        """Drop cached keys (a finished job's content)."""
+        for key in keys:
+            self._cache.pop(key, None)
+
+
+def poisson_arrivals(n: int, per_s: float, seed: int) -> list[float]:
+    """``n`` arrival offsets of a Poisson process at ``per_s`` per second
+    (the first after its own gap), from ``default_rng([seed, 1])``."""
+    if not (per_s > 0 and math.isfinite(per_s)):
+        raise ValueError(f"arrival rate must be a positive number, got {per_s!r}")
+    gaps = np.random.default_rng([seed, 1]).standard_exponential(n)
+    return (np.cumsum(gaps) / per_s).tolist()
+
+
+# ----------------------------------------------------------------------
+# Sources
+# ----------------------------------------------------------------------
+def jobs_from_workload(jobs: Sequence[Job], shared_system: bool = False) -> list[SimJob]:
+    """The synthetic presets' jobs (``benchmarks.workload.Job``) as SimJobs.
+
+    Turn ``k``'s prompt: the system prompt, then for each earlier turn its
+    new tokens and its reply, then this turn's new tokens. With
+    ``shared_system`` every job's system prompt is one content (the common
+    tool schemas of one agent harness), so jobs share a prefix.
+    """
+    out: list[SimJob] = []
+    for job in jobs:
+        system_key = stable_key("system") if shared_system else stable_key(job.job_id, "system")
+        history: list[Segment] = [Segment(system_key, job.system_tokens)] if job.system_tokens else []
+        turns: list[SimTurn] = []
+        prev_tool_s = 0.0
+        for turn in job.turns:
+            prompt = list(history)
+            if turn.new_tokens:
+                prompt.append(Segment(stable_key(job.job_id, turn.index, "new"), turn.new_tokens))
+            turns.append(SimTurn(tuple(prompt), turn.output_tokens, prev_tool_s if turn.index else 0.0, turn.tool))
+            history = prompt + [Segment(stable_key(job.job_id, turn.index, "reply"), turn.output_tokens)]
+            prev_tool_s = turn.tool_seconds
+        out.append(SimJob(job.job_id, job.arrival_s, tuple(turns)))
+    return out
+
+
+def jobs_from_traces(
+    sessions: Sequence["TraceSession"],  # noqa: F821 -- benchmarks.sim.traces
+    arrivals: Sequence[float],
+    *,
+    unit_tokens: int | None = None,
+    max_turns: int | None = None,
+    max_context_tokens: int | None = None,
+    max_think_s: float = 120.0,
+    max_output_tokens: int | None = None,
+) -> list[SimJob]:
+    """kv-cache-tester sessions as jobs, session ``i`` arriving at ``arrivals[i]``.
+
+    * Each main-conversation request is a turn; sub-agent requests are left
+      out (their contexts are separate and short).
+    * ``unit_tokens``: tokens per trace hash block (default: the trace's own
+      ``block_size``, 64); a smaller unit scales every prompt down by the same
+      factor while keeping its prefix structure (for a CPU replay).
+    * A turn's tool is ``"user"`` after an ``end_turn`` (a person's reply)
+      and ``"tool_use"`` otherwise (a tool stop, or a streamed request whose
+      stop the trace did not record); its gap is
+      the trace's ``think_time``, capped at ``max_think_s`` (idle users come
+      back after hours; such a gap frees any pin under every policy).
+    * A session ends at its first turn whose prompt plus reply would exceed
+      ``max_context_tokens`` (the model's length limit), or after ``max_turns``.
+    """
+    if len(arrivals) < len(sessions):
+        raise ValueError(f"{len(sessions)} sessions need as many arrivals, got {len(arrivals)}")
+    out: list[SimJob] = []
+    for session, arrival in zip(sessions, arrivals):
+        unit = unit_tokens or session.block_size
+        scale = unit / session.block_size
+        requests = session.main_requests()
+        turns: list[SimTurn] = []
+        prev_stop = ""
+        for i, req in enumerate(requests):
+            if max_turns is not None and len(turns) >= max_turns:
+                break
+            full = len(req.hash_ids)
+            rest = max(0, round((req.input_tokens - full * session.block_size) * scale))
+            prompt = [Segment(stable_key(session.session_id, h), unit) for h in req.hash_ids]
+            if rest:
+                prompt.append(Segment(stable_key(session.session_id, i, "tail"), rest))
+            if not prompt:
+                continue
+            output = max(1, round(req.output_tokens * scale))
+            if max_output_tokens is not None:
+                output = min(output, max_output_tokens)
+            tokens = sum(s.length for s in prompt)
+            if max_context_tokens is not None and tokens + output > max_context_tokens:
+                break
+            think = 0.0 if not turns else min(max(0.0, _think_s(requests, i)), max_think_s)
+            if turns:  # the previous turn's tool is known now
+                turns[-1] = _with_tool(turns[-1], "user" if prev_stop == "end_turn" else "tool_use")
+            turns.append(SimTurn(tuple(prompt), output, think, ""))
+            prev_stop = req.stop
+        if turns:
+            out.append(SimJob(session.session_id, float(arrival), tuple(turns)))
+    return out
+
+
+def _think_s(requests: Sequence[Any], i: int) -> float:
+    """The gap before request ``i``: the trace's ``think_time``, or where a
+    file lacks it, the time between the previous request's end and this one's
+    start (``t`` is whole seconds, so this fallback is coarse)."""
+    req = requests[i]
+    if req.think_time_s is not None:
+        return float(req.think_time_s)
+    prev = requests[i - 1]
+    return float(req.t - prev.t - (prev.api_time_s or 0.0))
+
+
+def _with_tool(turn: SimTurn, tool: str) -> SimTurn:
+    return SimTurn(turn.prompt, turn.output_tokens, turn.think_s, tool)

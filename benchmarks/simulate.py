@@ -1,0 +1,248 @@
+"""Replay agent traces through vLLM's real scheduler at GPU scale, deterministically.
+
+Every arm (fcfs, continuum, context_serve, oracle) replays the same jobs with
+the same arrivals on vLLM's own v1 scheduler and KV cache manager; a virtual
+clock advances by what each scheduled batch would cost on the profile's GPU
+(``--step-model``: the dependency-free roofline, NVIDIA aiconfigurator's
+measured vLLM data, or a CPU model fitted from a live engine). See
+``benchmarks/sim/__init__.py`` for the parts and docs/simulator.md for the
+results and how they were validated.
+
+Examples::
+
+    # the shipped Claude Code trace subset on an H100 with Llama-3.1-8B
+    python -m benchmarks.simulate --step-model roofline --policies fcfs,continuum,oracle --seed 7
+
+    # your own kv-cache-tester-format traces, 70B on 4 H100s, a load sweep
+    python -m benchmarks.simulate --trace DIR --profile h100-llama70b-tp4 \\
+        --sweep-rate 0.5,1,2,4 --out results/
+
+stdout holds only deterministic figures (two runs with the same arguments
+print the same bytes); the simulator's own speed and progress go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from .sim.arms import Arm, EngineShape, build_scheduler, parse_arms
+from .sim.engine import ReplayEngine, RunRecords
+from .sim.jobs import SimJob, jobs_from_traces, jobs_from_workload, poisson_arrivals
+from .sim.report import ArmSummary, add_gap_closed, dumps, plot_sweep, speed_line, summarize_run, summary_table
+
+__all__ = ["SimSettings", "load_jobs", "main", "run_arm", "run_point"]
+
+# Extra blocks in the oracle's pool beyond every job's largest context.
+_ORACLE_SLACK_BLOCKS = 1024
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """What one simulated point needs besides the jobs."""
+
+    profile: Any  # sim.profiles.SimProfile
+    step_model: Any  # sim.step_model.StepModel
+    model_dir: str
+    num_blocks: int
+
+
+def _shape(settings: SimSettings, num_blocks: int | None = None) -> EngineShape:
+    p = settings.profile
+    return EngineShape(
+        model_dir=settings.model_dir,
+        block_size=p.block_size,
+        num_blocks=num_blocks if num_blocks is not None else settings.num_blocks,
+        max_num_seqs=p.max_num_seqs,
+        max_num_batched_tokens=p.max_num_batched_tokens,
+        max_model_len=p.max_model_len,
+        num_kv_heads=p.model.num_kv_heads,
+        head_size=p.model.head_dim,
+    )
+
+
+def oracle_blocks(jobs: list[SimJob], block_size: int) -> int:
+    """A pool that holds every job's largest context at once: nothing is ever evicted."""
+    total = sum(max(t.prompt_tokens + t.output_tokens for t in j.turns) for j in jobs)
+    return total // block_size + len(jobs) + _ORACLE_SLACK_BLOCKS
+
+
+def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any = None) -> tuple[ArmSummary, RunRecords]:
+    """One arm over ``jobs``; asserts every KV block is free at the end."""
+    from vllm_continuum_plugin.clock import ManualClock
+
+    clock = ManualClock()
+    blocks = oracle_blocks(jobs, settings.profile.block_size) if arm.unbounded_pool else None
+    scheduler = build_scheduler(arm, _shape(settings), clock, num_blocks=blocks)
+    engine = ReplayEngine(
+        scheduler, clock, settings.step_model, jobs, block_size=settings.profile.block_size,
+        send_metadata=arm.is_plugin,
+        on_turn_finished=(lambda _r: progress.update(1)) if progress is not None else None,
+    )
+    try:
+        records = engine.run()
+        free, usable = engine.free_blocks()
+        if free != usable:
+            raise AssertionError(f"{arm.name}: {usable - free} KV blocks still held after every job ended")
+    finally:
+        scheduler.shutdown()
+    return summarize_run(arm.name, records), records
+
+
+def run_point(arms: list[Arm], jobs: list[SimJob], settings: SimSettings, show_progress: bool) -> list[ArmSummary]:
+    """Every arm on the same jobs; speed to stderr."""
+    summaries = []
+    total_turns = sum(len(j.turns) for j in jobs)
+    for arm in arms:
+        bar = _progress(total_turns, arm.name) if show_progress else None
+        summary, records = run_arm(arm, jobs, settings, bar)
+        if bar is not None:
+            bar.close()
+        print(speed_line(arm.name, records), file=sys.stderr)
+        summaries.append(summary)
+    return add_gap_closed(summaries)
+
+
+def _progress(total: int, desc: str) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bench extra is optional
+        return None
+    return tqdm(total=total, desc=desc, unit="turn", file=sys.stderr, leave=False)
+
+
+def load_jobs(args: argparse.Namespace, rate_per_min: float, profile: Any) -> list[SimJob]:
+    """The jobs of one point: trace sessions or a synthetic preset, arriving
+    as a Poisson process at ``rate_per_min`` jobs a minute (seeded)."""
+    if args.workload:
+        from .workload import PRESETS, generate_jobs
+
+        if args.workload not in PRESETS:
+            raise SystemExit(f"unknown --workload {args.workload!r}; choose from {', '.join(PRESETS)}")
+        spec = PRESETS[args.workload](args.sessions or 40, rate_per_min / 60.0)
+        return jobs_from_workload(generate_jobs(spec, args.seed), shared_system=args.shared_system)
+    from .sim.traces import DEFAULT_TRACE_DIR, load_trace_dir
+
+    sessions, skipped = load_trace_dir(args.trace or DEFAULT_TRACE_DIR)
+    for path, why in skipped:
+        print(f"[simulate] skipped {path}: {why}", file=sys.stderr)
+    if not sessions:
+        raise SystemExit(f"no trace sessions found in {args.trace or DEFAULT_TRACE_DIR}")
+    if args.sessions:
+        sessions = sessions[: args.sessions]
+    arrivals = poisson_arrivals(len(sessions), rate_per_min / 60.0, args.seed)
+    return jobs_from_traces(
+        sessions, arrivals,
+        unit_tokens=args.unit_tokens,
+        max_turns=args.max_turns,
+        max_context_tokens=profile.max_model_len,
+        max_think_s=args.max_think_s,
+    )
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.simulate",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    src = p.add_argument_group("workload")
+    src.add_argument("--trace", help="directory of kv-cache-tester trace files (default: the shipped Claude Code subset)")
+    src.add_argument("--workload", help="a synthetic preset of benchmarks.workload instead of traces")
+    src.add_argument("--shared-system", action="store_true", help="synthetic jobs share one system prompt")
+    src.add_argument("--sessions", type=int, default=None, help="use the first N sessions/jobs")
+    src.add_argument("--rate", type=float, default=None,
+                     help="job (session) arrivals per minute, Poisson (default: the profile's)")
+    src.add_argument("--max-turns", type=int, default=None, help="cap each trace session's main turns")
+    src.add_argument("--max-think-s", type=float, default=120.0,
+                     help="cap a trace's think time (tool + user) between turns, seconds (default 120)")
+    src.add_argument("--unit-tokens", type=int, default=None,
+                     help="tokens per trace hash block (default the trace's 64; smaller scales prompts down)")
+    eng = p.add_argument_group("engine")
+    eng.add_argument("--profile", default="h100-llama8b", help="GPU + model profile (see --list-profiles)")
+    eng.add_argument("--list-profiles", action="store_true", help="print the profiles and exit")
+    eng.add_argument("--step-model", default="roofline", choices=["roofline", "aiconfigurator", "cpu"])
+    eng.add_argument("--cpu-fit", help="JSON of a fitted CPU step model (--step-model cpu)")
+    eng.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (default: the profile's)")
+    p.add_argument("--policies", default="fcfs,continuum,oracle", help="comma-separated arms")
+    p.add_argument("--seed", type=int, default=7)
+    sweep = p.add_argument_group("sweeps (one table per point, a JSON and a plot in --out)")
+    sweep.add_argument("--sweep-rate", type=_floats, help="arrival rates (jobs/min) to sweep")
+    sweep.add_argument("--sweep-blocks", type=_floats, help="pool sizes as fractions of the profile's to sweep")
+    p.add_argument("--out", help="directory for results.json and plots")
+    p.add_argument("--progress", action="store_true", help="progress bars on stderr (default: when stderr is a tty)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .sim.profiles import PROFILES, write_config_dir
+    from .sim.step_model import make_step_model
+
+    if args.list_profiles:
+        for name, prof in PROFILES.items():
+            print(f"{name}: {prof.describe() if hasattr(prof, 'describe') else prof}")
+        return 0
+    if args.profile not in PROFILES:
+        raise SystemExit(f"unknown --profile {args.profile!r}; choose from {', '.join(PROFILES)}")
+    try:
+        arms = parse_arms(args.policies)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    profile = PROFILES[args.profile]
+    step_model = make_step_model(args.step_model, profile, cpu_fit_path=args.cpu_fit)
+    show_progress = args.progress or sys.stderr.isatty()
+    base_blocks = args.num_blocks or profile.num_gpu_blocks()
+    default_rate = getattr(profile, "default_rate_per_min", 2.0)
+    rates = args.sweep_rate or [args.rate or default_rate]
+    fractions = args.sweep_blocks or [1.0]
+    points: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="continuum-sim-") as tmp:
+        model_dir = write_config_dir(profile, os.path.join(tmp, "model"))
+        for rate in rates:
+            for frac in fractions:
+                blocks = max(1, int(base_blocks * frac))
+                jobs = load_jobs(args, rate, profile)
+                settings = SimSettings(profile, step_model, model_dir, blocks)
+                print(f"# profile={profile.name} step_model={step_model.name} jobs={len(jobs)} "
+                      f"turns={sum(len(j.turns) for j in jobs)} rate={rate:g}/min blocks={blocks} "
+                      f"block_size={profile.block_size} seed={args.seed} "
+                      f"workload={args.workload or os.path.basename(os.path.normpath(args.trace or 'claude_code_traces'))}")
+                summaries = run_point(arms, jobs, settings, show_progress)
+                for s in summaries:
+                    print(s.line())
+                print(summary_table(summaries))
+                print()
+                for s in summaries:
+                    points.append({"rate_per_min": rate, "pool_fraction": frac, "num_blocks": blocks, **s.to_json()})
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            f.write(dumps({"profile": profile.name, "step_model": step_model.name, "seed": args.seed,
+                           "argv": sys.argv[1:] if argv is None else argv, "points": points}))
+        title = f"{profile.name}, {step_model.name} step model, seed {args.seed}"
+        if len(rates) > 1:
+            plot_sweep(points, "rate_per_min", "arrivals (jobs/min)", os.path.join(args.out, "sweep_rate.png"), title)
+        if len(fractions) > 1:
+            plot_sweep(points, "pool_fraction", "KV pool (fraction of profile)",
+                       os.path.join(args.out, "sweep_pool.png"), title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

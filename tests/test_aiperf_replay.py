@@ -1,0 +1,346 @@
+"""benchmarks.aiperf_replay: trace scaling, AIPerf records -> JCT, and one
+small live arm (AIPerf against a real ``vllm serve``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vllm_continuum_plugin.benchmarks import aiperf_replay as ar
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Fields AIPerf 0.13.0's weka-trace schema accepts (its pydantic models
+# forbid any other: aiperf/dataset/loader/weka_trace_models.py).
+WEKA_TRACE_FIELDS = {"id", "models", "block_size", "hash_id_scope", "tool_tokens", "system_tokens",
+                     "requests", "totals"}
+WEKA_REQUEST_FIELDS = {"t", "type", "model", "in", "out", "hash_ids", "input_types", "output_types",
+                       "stop", "api_time", "think_time"}
+WEKA_REQUIRED_REQUEST = {"t", "type", "model", "in", "out"}
+
+
+def req(t, n_blocks, extra_tokens, out, think, first=1, model="claude-opus", api=2.0, **kw):
+    return {"t": t, "type": "n", "model": model, "in": n_blocks * 64 + extra_tokens, "out": out,
+            "hash_ids": list(range(first, first + n_blocks)), "input_types": ["text"],
+            "output_types": ["text", "tool_use"], "stop": "tool_use", "api_time": api, "think_time": think, **kw}
+
+
+def trace(requests, tool=1000, system=200, tid="trace_9001"):
+    return {"id": tid, "models": ["claude-opus"], "block_size": 64, "hash_id_scope": "local",
+            "tool_tokens": tool, "system_tokens": system, "requests": requests}
+
+
+# ----------------------------------------------------------------------
+# Scaling
+# ----------------------------------------------------------------------
+def test_merge_divides_prompt_tokens_and_keeps_shared_prefix():
+    tr = trace([req(0.0, 20, 10, 100, 0.0), req(10.0, 24, 30, 50, 7.0)])
+    s = ar.scale_session(tr, turns=10, merge=4, max_out=1000, max_think=100)
+    r0, r1 = s["requests"]
+    # 20 blocks -> 5 merged blocks; tail 10 tokens -> 10 // 4 = 2.
+    assert r0["hash_ids"] == [1, 2, 3, 4, 5] and r0["in"] == 5 * 64 + 2
+    # The first 5 runs of 4 ids are the same: same merged ids, one new.
+    assert r1["hash_ids"] == [1, 2, 3, 4, 5, 6] and r1["in"] == 6 * 64 + 7
+    assert r0["out"] == 25 and r1["out"] == 13  # ceil(out / 4)
+    assert s["block_size"] == 64 and s["hash_id_scope"] == "local"
+
+
+def test_changed_block_inside_a_run_gets_a_new_merged_id():
+    tr = trace([req(0.0, 20, 0, 10, 0.0), req(5.0, 20, 0, 10, 1.0)])
+    tr["requests"][1]["hash_ids"][17] = 999  # run 4 (ids 17..20) differs
+    s = ar.scale_session(tr, turns=2, merge=4, max_out=8, max_think=5)
+    assert s["requests"][0]["hash_ids"] == [1, 2, 3, 4, 5]
+    assert s["requests"][1]["hash_ids"] == [1, 2, 3, 4, 6]
+    # Every turn keeps at least one fresh tail token (a user message).
+    assert s["requests"][0]["in"] == 5 * 64 + 1
+
+
+def test_leftover_blocks_fold_into_the_tail():
+    # 22 blocks with merge 8: 2 merged blocks, 6 leftover blocks + 5 tokens.
+    s = ar.scale_session(trace([req(0.0, 22, 5, 10, 0.0)], tool=0, system=0), turns=1, merge=8,
+                         max_out=8, max_think=5)
+    r = s["requests"][0]
+    assert len(r["hash_ids"]) == 2
+    assert r["in"] == 2 * 64 + (6 * 64 + 5) // 8
+
+
+def test_turns_main_only_out_and_think_caps():
+    sub = {"t": 3.0, "type": "subagent", "agent_id": "a1", "subagent_type": "Explore", "status": "completed",
+           "requests": [req(3.0, 5, 0, 10, 0.0)], "models": ["claude-haiku"]}
+    tr = trace([
+        req(0.0, 16, 3, 0, None),
+        sub,
+        req(1.0, 4, 0, 10, 0.0, first=500, model="claude-haiku"),  # side call, another model
+        req(20.0, 17, 3, 500, 40.0),
+        req(70.0, 18, 3, 7, 3.0),
+        req(90.0, 19, 3, 7, 2.0),
+    ], tool=0, system=0)
+    s = ar.scale_session(tr, turns=3, merge=2, max_out=32, max_think=10, think_scale=0.5)
+    reqs = s["requests"]
+    assert len(reqs) == 3 and all(r["type"] == "n" and r["model"] == "claude-opus" for r in reqs)
+    assert [r["out"] for r in reqs] == [1, 32, 4]  # 0 -> 1; 500 / 2 capped at 32; ceil(7 / 2)
+    assert [r["think_time"] for r in reqs] == [0.0, 10.0, 1.5]  # min(10, 40 * 0.5); 3 * 0.5
+    # t rebuilt from think times: previous t + previous api_time (2 s) + think.
+    assert [r["t"] for r in reqs] == [0.0, 12.0, 15.5]
+
+
+def test_missing_think_time_uses_idle_gap():
+    tr = trace([req(0.0, 4, 0, 10, 0.0, api=3.0), req(10.0, 5, 0, 10, None)], tool=0, system=0)
+    s = ar.scale_session(tr, turns=2, merge=1, max_out=10, max_think=100)
+    assert s["requests"][1]["think_time"] == 7.0  # 10 - 0 - 3
+
+
+def test_scaled_session_fits_aiperf_schema_and_is_pure():
+    tr = trace([req(0.0, 240, 40, 300, 0.0), req(9.0, 250, 3, 99, 3.0)], tool=12448, system=2882)
+    before = copy.deepcopy(tr)
+    s = ar.scale_session(tr, turns=6, merge=16, max_out=32, max_think=5)
+    assert tr == before
+    assert s == ar.scale_session(tr, turns=6, merge=16, max_out=32, max_think=5)
+    assert set(s) <= WEKA_TRACE_FIELDS
+    for r in s["requests"]:
+        assert WEKA_REQUIRED_REQUEST <= set(r) <= WEKA_REQUEST_FIELDS
+        # AIPerf's reconstructor: hash ids tile floor(in / 64) blocks.
+        assert len(r["hash_ids"]) == r["in"] // 64
+    # Tool + system prefix divided by M and within the first prompt's blocks
+    # (AIPerf refuses a trace whose system prefix needs more hash blocks).
+    assert s["tool_tokens"] == 12448 // 16 and s["system_tokens"] == 2882 // 16
+    assert -(-(s["tool_tokens"] + s["system_tokens"]) // 64) <= len(s["requests"][0]["hash_ids"])
+    json.dumps(s)
+
+
+def test_system_prefix_clamped_to_first_prompt():
+    s = ar.scale_session(trace([req(0.0, 3, 0, 10, 0.0)], tool=5000, system=5000), turns=1, merge=1,
+                         max_out=8, max_think=1)
+    assert s["tool_tokens"] + s["system_tokens"] <= 3 * 64
+
+
+def test_merge_one_keeps_the_recording():
+    tr = trace([req(0.0, 10, 17, 40, 0.0), req(5.0, 12, 1, 30, 2.0)])
+    s = ar.scale_session(tr, turns=2, merge=1, max_out=1000, max_think=100)
+    for orig, new in zip(tr["requests"], s["requests"]):
+        assert (new["in"], new["out"], new["hash_ids"]) == (orig["in"], orig["out"], orig["hash_ids"])
+
+
+def test_scale_rejects_empty_and_bad_arguments():
+    with pytest.raises(ValueError):
+        ar.scale_session(trace([]), turns=2, merge=2, max_out=8, max_think=1)
+    with pytest.raises(ValueError):
+        ar.scale_session(trace([req(0.0, 4, 0, 10, 0.0)]), turns=2, merge=0, max_out=8, max_think=1)
+
+
+def test_select_sessions_skips_bad_short_and_large(tmp_path):
+    (tmp_path / "trace_0001.json").write_text("{not json")
+    (tmp_path / "trace_0002.json").write_text(json.dumps(trace([req(0.0, 4, 0, 10, 0.0)], tid="trace_0002")))
+    (tmp_path / "trace_0003.json").write_text(json.dumps(
+        trace([req(0.0, 900, 0, 10, 0.0), req(1.0, 901, 0, 10, 1.0)], tid="trace_0003")))
+    for i in (4, 5, 6):
+        (tmp_path / f"trace_000{i}.json").write_text(json.dumps(
+            trace([req(0.0, 40, 0, 10, 0.0), req(1.0, 41, 0, 10, 1.0)], tid=f"trace_000{i}")))
+    got = ar.select_sessions(str(tmp_path), sessions=2, turns=4, min_turns=2, max_input=30000)
+    assert [t["id"] for _, t in got] == ["trace_0004", "trace_0005"]
+    named = ar.select_sessions(str(tmp_path), sessions=2, turns=4, ids=["trace_0003", "trace_0006"])
+    assert [t["id"] for _, t in named] == ["trace_0003", "trace_0006"]
+
+
+# ----------------------------------------------------------------------
+# AIPerf records -> per-request figures and per-session JCT
+# ----------------------------------------------------------------------
+T0 = 1_795_676_341_525_311_805
+
+
+def record(conv, corr, turn, start_s, end_s, ttft_ms, prompt, cached, error=None):
+    """One line of AIPerf 0.13.0's profile_export.jsonl (the shape of a real
+    run's records, trimmed to a subset of its metrics)."""
+    start, end = T0 + int(start_s * 1e9), T0 + int(end_s * 1e9)
+    metrics = {
+        "usage_prompt_tokens": {"value": prompt, "unit": "tokens"},
+        "usage_completion_tokens": {"value": 8, "unit": "tokens"},
+        "usage_prompt_cache_read_tokens": {"value": cached, "unit": "tokens"},
+        "input_sequence_length": {"value": prompt, "unit": "tokens"},
+        "output_sequence_length": {"value": 8, "unit": "tokens"},
+        "request_latency": {"value": (end - start) / 1e6, "unit": "ms"},
+        "time_to_first_token": {"value": ttft_ms, "unit": "ms"},
+        "time_to_second_token": {"value": 120.5, "unit": "ms"},
+        "inter_token_latency": {"value": 130.1, "unit": "ms"},
+        "inter_chunk_latency": {"value": [ttft_ms, 120.5, 130.0], "unit": "ms"},
+        "http_req_duration": {"value": (end - start) / 1e6, "unit": "ms"},
+    }
+    if error:
+        metrics = {"request_latency": {"value": (end - start) / 1e6, "unit": "ms"}}
+    return {
+        "metadata": {
+            "session_num": 0, "x_request_id": f"req-{conv}-{turn}", "x_correlation_id": corr,
+            "conversation_id": conv, "turn_index": turn, "source_trace_id": conv.split("::")[0],
+            "source_outer_idx": turn, "source_kind": "weka_main", "credit_issued_ns": start - 1000,
+            "request_start_ns": start, "request_ack_ns": start + 100_000, "request_end_ns": end,
+            "worker_id": "worker_1", "record_processor_id": "record_processor_1",
+            "benchmark_phase": "profiling", "phase_index": 0, "profiling_index": turn,
+            "phase_name": "profiling", "phase_kind": "profiling", "was_cancelled": False,
+            "context_overflow_skip": False, "agent_depth": 0, "root_correlation_id": corr,
+        },
+        "metrics": metrics,
+        "error": error,
+    }
+
+
+RECORDS = [
+    record("trace_0002", "c-a", 0, 0.0, 13.4, 7578.8, 1001, 0),
+    record("trace_0003", "c-b", 0, 0.01, 13.5, 12906.0, 1049, 0),
+    record("trace_0002", "c-a", 1, 14.4, 19.4, 528.5, 1013, 960),
+    record("trace_0003", "c-b", 1, 14.5, 19.6, 4296.1, 1302, 1024),
+    record("trace_0003::sa:agent_1", "c-c", 0, 15.0, 25.0, 100.0, 200, 0),
+    record("trace_0002", "c-a", 2, 20.4, 22.0, None, 0, 0,
+           error={"code": 500, "type": "InternalServerError", "message": "boom"}),
+]
+
+
+def test_records_roundtrip_through_jsonl(tmp_path):
+    path = tmp_path / "profile_export.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS) + "\n")
+    assert ar.read_records(str(path)) == RECORDS
+
+
+def test_summarize_existing_run(tmp_path, capsys):
+    arm = tmp_path / "continuum"
+    arm.mkdir()
+    (arm / "profile_export.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    assert ar.main(["--summarize", str(arm)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "sessions=2 requests=6 failed=1" in line
+    assert "prefix-cache hits=43.5%" in line  # 1984 cached of 4565 prompt tokens
+
+
+def test_request_rows():
+    rows = ar.request_rows(RECORDS)
+    assert rows[0]["session"] == "trace_0002" and rows[0]["turn_index"] == 0
+    assert rows[0]["ttft_s"] == pytest.approx(7.5788)
+    assert rows[0]["latency_s"] == pytest.approx(13.4, abs=1e-6)
+    assert (rows[2]["prompt_tokens"], rows[2]["cached_tokens"]) == (1013, 960)
+    assert rows[4]["session"] == "trace_0003"  # sub-agent child -> its root session
+    assert rows[5]["ok"] is False and rows[5]["ttft_s"] is None
+
+
+def test_jct_by_session():
+    stats = ar.jct_by_session(RECORDS)
+    assert set(stats) == {"trace_0002", "trace_0003"}
+    a, b = stats["trace_0002"], stats["trace_0003"]
+    assert a.jct_s == pytest.approx(22.0, abs=1e-6)  # first start 0.0 -> last end 22.0 (the failed turn)
+    assert (a.requests, a.failed) == (3, 1)
+    assert b.jct_s == pytest.approx(25.0 - 0.01, abs=1e-6)  # the child ends last
+    assert b.requests == 3 and b.failed == 0
+    assert a.ttft_s == pytest.approx([7.5788, 0.5285])
+
+
+def test_session_key_falls_back_to_correlation_id():
+    rec = record("x", "corr-1", 0, 0, 1, 10.0, 10, 0)
+    rec["metadata"]["conversation_id"] = None
+    assert ar.session_key(rec) == "corr-1"
+
+
+def test_summarize_arm_and_summary_line():
+    s = ar.summarize_arm("continuum", RECORDS, hit_share=0.455)
+    assert (s["sessions"], s["requests"], s["failed"]) == (2, 6, 1)
+    assert s["jct_s"]["count"] == 2
+    assert s["jct_s"]["mean"] == pytest.approx((22.0 + 24.99) / 2, abs=1e-6)
+    assert s["ttft_s"]["count"] == 5
+    assert s["cached_token_share"] == pytest.approx(1984 / (1001 + 1049 + 1013 + 1302 + 200))
+    line = ar.format_summary(s)
+    assert line.startswith("continuum") and "sessions=2" in line and "failed=1" in line
+    assert "JCT mean=23.49s" in line and "prefix-cache hits=45.5%" in line
+
+
+def test_cache_hit_share_from_metric_deltas():
+    before = {'vllm:prefix_cache_hits_total{engine="0",model_name="m"}': 100.0,
+              'vllm:prefix_cache_queries_total{engine="0",model_name="m"}': 1000.0}
+    after = {'vllm:prefix_cache_hits_total{engine="0",model_name="m"}': 600.0,
+             'vllm:prefix_cache_queries_total{engine="0",model_name="m"}': 3000.0}
+    assert ar.cache_hit_share(before, after) == pytest.approx(0.25)
+    assert ar.cache_hit_share(before, before) is None
+
+
+# ----------------------------------------------------------------------
+# Commands
+# ----------------------------------------------------------------------
+def test_aiperf_command_flags():
+    cmd = ar.aiperf_command("aiperf", url="http://127.0.0.1:1", model="m", tokenizer="/tok", traces="/tr",
+                            sessions=3, out_dir="/out")
+    text = " ".join(cmd)
+    for flag in ("--custom-dataset-type weka_trace", "--input-file /tr", "--session-header X-Session-ID",
+                 "--no-fixed-schedule", "--use-think-time-only", "--concurrency 3", "--conversation-num 3",
+                 "--extra-inputs ignore_eos:true", "--streaming", "--tokenizer /tok",
+                 "--output-artifact-dir /out"):
+        assert flag in text
+    gpu = ar.gpu_command("/data/traces", 5)
+    assert "--input-file /data/traces" in gpu and "--concurrency 5 --conversation-num 5" in gpu
+
+
+def test_aiperf_env_is_online_and_uncached(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    env = ar.aiperf_env()
+    assert "HF_HUB_OFFLINE" not in env
+    assert env["AIPERF_DATASET_MMAP_CACHE_ENABLED"] == "false"
+
+
+def test_help_documents_scaling():
+    out = subprocess.run([sys.executable, "-m", "benchmarks.aiperf_replay", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "DIVIDES PROMPT TOKENS BY M" in text and "--use-think-time-only" in text
+    assert "On a GPU" in text
+
+
+def test_dry_run_writes_scaled_traces(tmp_path):
+    traces = tmp_path / "in"
+    traces.mkdir()
+    for i in (1, 2):
+        (traces / f"trace_000{i}.json").write_text(json.dumps(
+            trace([req(0.0, 40, 5, 100, 0.0), req(9.0, 44, 5, 100, 20.0)], tid=f"trace_000{i}")))
+    out = tmp_path / "run"
+    rc = ar.main(["--traces", str(traces), "--out", str(out), "--dry-run", "--merge", "4"])
+    assert rc == 0
+    written = sorted(os.listdir(out / "traces"))
+    assert written == ["trace_0001.json", "trace_0002.json"]
+    s = json.loads((out / "traces" / "trace_0001.json").read_text())
+    assert s["requests"][0]["in"] == 10 * 64 + 1 and s["requests"][1]["think_time"] == 5.0
+    assert sorted(os.listdir(out / "unscaled_traces")) == written
+
+
+# ----------------------------------------------------------------------
+# One small live arm
+# ----------------------------------------------------------------------
+AIPERF = os.path.join(ar.DEFAULT_AIPERF_VENV, "bin", "aiperf")
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not os.path.exists(AIPERF), reason=f"AIPerf venv missing ({AIPERF})")
+def test_live_arm_every_request_succeeds(tmp_path):
+    if not os.path.isdir(ar.DEFAULT_MODEL_DIR):
+        pytest.fail(f"embedded model missing at {ar.DEFAULT_MODEL_DIR}: run scripts/setup.sh")
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    # 2 sessions x 3 turns of short agent-like prompts (a shared 4-block
+    # system prefix, growing by 1-2 blocks a turn), 1 s tool gaps.
+    for i, first in ((1, 1), (2, 1)):
+        reqs = [req(0.0, 6, 20, 8, 0.0, first=first), req(3.0, 7, 9, 8, 1.0, first=first),
+                req(6.0, 9, 30, 8, 1.0, first=first)]
+        (traces / f"trace_000{i}.json").write_text(json.dumps(trace(reqs, tool=200, system=56,
+                                                                     tid=f"trace_000{i}")))
+    out = tmp_path / "run"
+    rc = ar.main(["--traces", str(traces), "--out", str(out), "--policies", "continuum", "--sessions", "2",
+                  "--turns", "3", "--merge", "1", "--max-out", "8", "--max-think", "1"])
+    results = json.loads((out / "results.json").read_text())
+    arm = results["arms"][0]
+    assert "error" not in arm, arm.get("error")
+    assert rc == 0
+    assert (arm["sessions"], arm["requests"], arm["failed"]) == (2, 6, 0)
+    assert arm["incomplete_sessions"] == []
+    assert all(s["jct_s"] > 0 for s in arm["per_session"].values())
+    assert all(r["ttft_s"] is not None and r["ttft_s"] > 0 for r in arm["requests_detail"])
+    # The second and third turns reuse the first's prefix (same server, 1 s gaps).
+    assert arm["prefix_cache_hit_share"] is not None and arm["prefix_cache_hit_share"] > 0
