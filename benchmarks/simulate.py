@@ -93,31 +93,50 @@ def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any =
     return summarize_run(arm.name, records), records
 
 
-def run_point(arms: list[Arm], jobs: list[SimJob], settings: SimSettings, show_progress: bool) -> list[ArmSummary]:
-    """Every arm on the same jobs; speed to stderr."""
-    summaries = []
-    total_turns = sum(len(j.turns) for j in jobs)
-    for arm in arms:
-        bar = _progress(total_turns, arm.name) if show_progress else None
-        summary, records = run_arm(arm, jobs, settings, bar)
-        if bar is not None:
-            bar.close()
-        print(speed_line(arm.name, records), file=sys.stderr)
-        summaries.append(summary)
-    return add_gap_closed(summaries)
+def _run_arm_job(args: tuple[Arm, list[SimJob], SimSettings, int | None]) -> tuple[ArmSummary, str]:
+    arm, jobs, settings, bar_position = args
+    bar = None
+    if bar_position is not None:
+        bar = _progress(sum(len(j.turns) for j in jobs), arm.name, bar_position)
+    summary, records = run_arm(arm, jobs, settings, bar)
+    if bar is not None:
+        bar.close()
+    return summary, speed_line(arm.name, records)
 
 
-def _progress(total: int, desc: str) -> Any:
+def run_point(arms: list[Arm], jobs: list[SimJob], settings: SimSettings, show_progress: bool,
+              workers: int = 1) -> list[ArmSummary]:
+    """Every arm on the same jobs, ``workers`` arms at a time in separate
+    processes (each arm is deterministic on its own, so the results do not
+    depend on ``workers``); the simulator's speed goes to stderr."""
+    tasks = [(arm, jobs, settings, i if show_progress else None) for i, arm in enumerate(arms)]
+    if workers > 1 and len(arms) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # fork: the children inherit the imported vLLM (a spawn would import it again).
+        with ProcessPoolExecutor(min(workers, len(arms)), mp_context=multiprocessing.get_context("fork")) as pool:
+            results = list(pool.map(_run_arm_job, tasks))
+    else:
+        results = [_run_arm_job(t) for t in tasks]
+    for _, speed in results:
+        print(speed, file=sys.stderr)
+    return add_gap_closed([summary for summary, _ in results])
+
+
+def _progress(total: int, desc: str, position: int = 0) -> Any:
     try:
         from tqdm import tqdm
     except ImportError:  # the bench extra is optional
         return None
-    return tqdm(total=total, desc=desc, unit="turn", file=sys.stderr, leave=False)
+    return tqdm(total=total, desc=desc, unit="turn", file=sys.stderr, leave=False, position=position)
 
 
-def load_jobs(args: argparse.Namespace, rate_per_min: float, profile: Any) -> list[SimJob]:
+def load_jobs(args: argparse.Namespace, rate_per_min: float, profile: Any, num_blocks: int) -> list[SimJob]:
     """The jobs of one point: trace sessions or a synthetic preset, arriving
-    as a Poisson process at ``rate_per_min`` jobs a minute (seeded)."""
+    as a Poisson process at ``rate_per_min`` jobs a minute (seeded). A trace
+    session ends before its first turn that the engine could not serve: over
+    the model's length limit or, as vLLM checks at start-up, the pool."""
     if args.workload:
         from .workload import PRESETS, generate_jobs
 
@@ -139,7 +158,7 @@ def load_jobs(args: argparse.Namespace, rate_per_min: float, profile: Any) -> li
         sessions, arrivals,
         unit_tokens=args.unit_tokens,
         max_turns=args.max_turns,
-        max_context_tokens=profile.max_model_len,
+        max_context_tokens=min(profile.max_model_len, num_blocks * profile.block_size),
         max_think_s=args.max_think_s,
     )
 
@@ -185,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--sweep-rate", type=_floats, help="arrival rates (jobs/min) to sweep")
     sweep.add_argument("--sweep-blocks", type=_floats, help="pool sizes as fractions of the profile's to sweep")
     p.add_argument("--out", help="directory for results.json and plots")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="arms simulated in parallel processes (default: the CPU count; results do not depend on it)")
     p.add_argument("--progress", action="store_true", help="progress bars on stderr (default: when stderr is a tty)")
     return p
 
@@ -217,13 +238,13 @@ def main(argv: list[str] | None = None) -> int:
         for rate in rates:
             for frac in fractions:
                 blocks = max(1, int(base_blocks * frac))
-                jobs = load_jobs(args, rate, profile)
+                jobs = load_jobs(args, rate, profile, blocks)
                 settings = SimSettings(profile, step_model, model_dir, blocks)
                 print(f"# profile={profile.name} step_model={step_model.name} jobs={len(jobs)} "
                       f"turns={sum(len(j.turns) for j in jobs)} rate={rate:g}/min blocks={blocks} "
                       f"block_size={profile.block_size} seed={args.seed} "
                       f"workload={args.workload or os.path.basename(os.path.normpath(args.trace or 'claude_code_traces'))}")
-                summaries = run_point(arms, jobs, settings, show_progress)
+                summaries = run_point(arms, jobs, settings, show_progress, args.workers)
                 for s in summaries:
                     print(s.line())
                 print(summary_table(summaries))

@@ -134,6 +134,8 @@ def build_scheduler(arm: Arm, shape: EngineShape, clock: ManualClock, num_blocks
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=shape.block_size,
-        log_stats=True,
+        # vLLM's per-step SchedulerStats feed its loggers only; the replay
+        # keeps its own records.
+        log_stats=False,
         **kwargs,
     )

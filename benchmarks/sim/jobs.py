@@ -127,8 +127,9 @@ class SimJob:
         if common < prev_len:
             return common
         # The previous prompt is a prefix: its reply is re-sent too (the
-        # engine scripts it so), up to the new prompt's length.
-        return min(self.turns[index].prompt_tokens, prev_len + prev.output_tokens)
+        # engine scripts it so), up to the new prompt's length. The reply's
+        # last token was sampled but never run through the model: no KV.
+        return min(self.turns[index].prompt_tokens, prev_len + prev.output_tokens - 1)
 
     def reply_tokens(self, index: int, book: "TokenBook") -> list[int]:
         """The tokens turn ``index``'s reply consists of: what the next turn's

@@ -1,0 +1,171 @@
+"""The simulator: vLLM's real scheduler replaying agent jobs on a virtual
+clock (``benchmarks.simulate``, ``benchmarks.sim``).
+
+What a user relies on: two runs print the same bytes; every arm ends with
+every KV block free; a turn's batch is priced with the context it really had
+cached; the block hashes are vLLM's own; retention shows up where the pool is
+under pressure; the CLI replays the shipped Claude Code subset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request
+from vllm.sampling_params import SamplingParams
+
+from benchmarks import simulate
+from benchmarks.sim.arms import ARMS, parse_arms
+from benchmarks.sim.batch import BatchShape, PrefillChunk
+from benchmarks.sim.engine import JobHasher
+from benchmarks.sim.jobs import Segment, SimJob, SimTurn, TokenBook, jobs_from_traces, stable_key
+from benchmarks.sim.profiles import PROFILES, write_config_dir
+from benchmarks.sim.step_model import RooflineStepModel
+from benchmarks.sim.traces import DEFAULT_TRACE_DIR, load_trace_dir
+
+PROFILE = PROFILES["h100-llama8b"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield write_config_dir(PROFILE, str(tmp_path_factory.mktemp("sim") / "model"))
+
+
+class Recording:
+    """The roofline model, remembering every batch it priced."""
+
+    name = "recording-roofline"
+
+    def __init__(self) -> None:
+        self.inner = RooflineStepModel(PROFILE)
+        self.batches: list[BatchShape] = []
+
+    def step_seconds(self, batch: BatchShape) -> float:
+        self.batches.append(batch)
+        return self.inner.step_seconds(batch)
+
+
+def agent_job(name: str, arrival: float, system: int, turns: int, new: int, out: int, tool_s: float,
+              shared_system: bool = False) -> SimJob:
+    """A job whose turn k re-sends the whole history plus ``new`` tokens."""
+    history = [Segment(stable_key("system" if shared_system else name), system)]
+    out_turns = []
+    for k in range(turns):
+        prompt = tuple(history + [Segment(stable_key(name, k), new)])
+        out_turns.append(SimTurn(prompt, out, tool_s if k else 0.0, "tool_use" if k < turns - 1 else ""))
+        history = list(prompt) + [Segment(stable_key(name, k, "reply"), out)]
+    return SimJob(name, arrival, tuple(out_turns))
+
+
+def settings(model_dir: str, step_model: object, num_blocks: int) -> simulate.SimSettings:
+    return simulate.SimSettings(PROFILE, step_model, model_dir, num_blocks)
+
+
+def test_reply_is_what_the_next_turn_resends() -> None:
+    job = agent_job("j", 0.0, 100, 3, 40, 20, 1.0)
+    book = TokenBook()
+    for k in range(2):
+        prompt = book.prompt(job.turns[k].prompt)
+        reply = job.reply_tokens(k, book)
+        nxt = book.prompt(job.turns[k + 1].prompt)
+        assert nxt[: len(prompt) + len(reply)] == prompt + reply
+        assert job.reusable_tokens(k + 1) == len(prompt) + len(reply) - 1  # the last sampled token has no KV
+    assert job.reusable_tokens(0) == 0
+
+
+def test_job_hasher_gives_vllms_own_block_hashes() -> None:
+    init_none_hash(sha256)
+    tokens = TokenBook().prompt([Segment(stable_key("h"), 1000)])
+    ours = JobHasher(16).for_job("job")
+    params = SamplingParams(max_tokens=1)
+    a = Request("a", tokens, params, None, 0.0, block_hasher=get_request_block_hasher(16, sha256))
+    b = Request("b", tokens, params, None, 0.0, block_hasher=ours)
+    assert len(a.block_hashes) == 1000 // 16
+    assert b.block_hashes == a.block_hashes
+    # A second turn of the job (memo hits) still matches vLLM's.
+    longer = tokens + [5] * 40
+    c = Request("c", longer, params, None, 0.0, block_hasher=get_request_block_hasher(16, sha256))
+    d = Request("d", longer, params, None, 0.0, block_hasher=ours)
+    assert d.block_hashes == c.block_hashes
+
+
+def test_next_turn_is_priced_with_its_cached_context(model_dir: str) -> None:
+    # Two turns, nothing else running, a pool that never evicts: turn 1's
+    # prefill computes only its new tokens, on top of turn 0's context.
+    job = agent_job("solo", 0.0, 3000, 2, 500, 20, 2.0)
+    model = Recording()
+    summary, records = simulate.run_arm(ARMS["oracle"], [job], settings(model_dir, model, 4096))
+    prefills = [p for b in model.batches for p in b.prefills]
+    assert prefills[0] == PrefillChunk(3500, 0)
+    hit = records.turns[1].cached_tokens
+    # Whole blocks of turn 0's computed prompt and reply (its last sampled
+    # token has no KV).
+    assert hit == (3520 - 1) // 16 * 16
+    assert prefills[1] == PrefillChunk(3520 + 500 - hit, hit)
+    assert summary.recomputed_tokens == 0
+    # Decodes see their growing context; 20 output tokens a turn.
+    decodes = [c for b in model.batches for c in b.decode_contexts]
+    assert len(decodes) == 2 * 19
+    # JCT: both turns' steps plus the 2 s tool gap, in virtual seconds.
+    assert summary.jct_mean_s == pytest.approx(sum(model.inner.step_seconds(b) for b in model.batches) + 2.0)
+
+
+def pressured_jobs() -> list[SimJob]:
+    # 12 agents, 4k-token contexts growing, 1.5 s tools, a 1,000-block pool
+    # (16k tokens): the pool holds about four contexts.
+    return [agent_job(f"a{i}", 0.3 * i, 3000, 5, 300, 40, 1.5) for i in range(12)]
+
+
+def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -> None:
+    jobs = pressured_jobs()
+    model = RooflineStepModel(PROFILE)
+    by_arm = {}
+    for arm in parse_arms("fcfs,continuum,context_serve,oracle"):
+        first, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))  # asserts all blocks free
+        again, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))
+        assert first == again, arm.name
+        by_arm[arm.name] = first
+    assert by_arm["oracle"].hit_share >= max(s.hit_share for s in by_arm.values()) - 1e-9
+    assert by_arm["oracle"].recomputed_tokens == 0
+    # Pins carry contexts across tool gaps that FCFS's LRU loses.
+    assert by_arm["continuum"].pins_created > 0
+    assert by_arm["continuum"].hit_share > by_arm["fcfs"].hit_share
+    assert by_arm["fcfs"].pins_created == 0
+
+
+def test_trace_sessions_become_jobs_with_their_prefix_structure() -> None:
+    sessions, skipped = load_trace_dir(DEFAULT_TRACE_DIR)
+    assert not skipped and len(sessions) >= 40
+    jobs = jobs_from_traces(sessions[:5], [0.0] * 5, max_think_s=60.0, max_context_tokens=131072)
+    for job, session in zip(jobs, sessions):
+        mains = session.main_requests()
+        assert len(job.turns) == len(mains)
+        assert job.turns[0].prompt_tokens == mains[0].input_tokens
+        assert all(t.think_s <= 60.0 for t in job.turns)
+        # Most turns extend the previous one (the trace's hash-id chains).
+        extends = sum(job.reusable_tokens(k) > 0 for k in range(1, len(job.turns)))
+        assert extends >= 0.8 * (len(job.turns) - 1)
+
+
+def test_cli_replays_the_shipped_traces_byte_identically(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    argv = ["--step-model", "roofline", "--policies", "fcfs,continuum,oracle", "--seed", "7",
+            "--sessions", "6", "--max-turns", "6", "--rate", "20", "--num-blocks", "3000", "--workers", "1", "--out", str(tmp_path)]
+    assert simulate.main(argv) == 0
+    first = capsys.readouterr().out
+    assert simulate.main(argv) == 0
+    assert capsys.readouterr().out == first
+    lines = [line for line in first.splitlines() if line.startswith(("fcfs:", "continuum:", "oracle:"))]
+    assert len(lines) == 3
+    assert "gap_closed" in lines[1]
+    assert os.path.exists(tmp_path / "results.json")
+
+
+def test_cli_rejects_unknown_names() -> None:
+    with pytest.raises(SystemExit, match="unknown policy 'lifo'"):
+        simulate.main(["--policies", "fcfs,lifo"])
+    with pytest.raises(SystemExit, match="unknown --profile 'a100'"):
+        simulate.main(["--profile", "a100"])
