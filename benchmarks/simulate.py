@@ -37,7 +37,7 @@ from .sim.report import ArmSummary, add_gap_closed, dumps, plot_sweep, speed_lin
 
 __all__ = ["SimSettings", "load_jobs", "main", "run_arm", "run_point"]
 
-# Extra blocks in the oracle's pool beyond every job's largest context.
+# Extra blocks in the oracle's pool beyond what its turns can ever allocate.
 _ORACLE_SLACK_BLOCKS = 1024
 
 
@@ -66,9 +66,17 @@ def _shape(settings: SimSettings, num_blocks: int | None = None) -> EngineShape:
 
 
 def oracle_blocks(jobs: list[SimJob], block_size: int) -> int:
-    """A pool that holds every job's largest context at once: nothing is ever evicted."""
-    total = sum(max(t.prompt_tokens + t.output_tokens for t in j.turns) for j in jobs)
-    return total // block_size + len(jobs) + _ORACLE_SLACK_BLOCKS
+    """A pool that never has to evict: room for every block any turn ever
+    computes. A turn allocates only what it does not find cached (its prompt
+    and reply beyond the prefix it shares with its job's previous turn), so
+    the sum of that over all turns, rounded up per turn, is enough even when
+    a trace's prompt drops its history (compaction) and starts afresh."""
+    total = 0
+    for job in jobs:
+        for k, turn in enumerate(job.turns):
+            fresh = turn.prompt_tokens + turn.output_tokens - job.reusable_tokens(k)
+            total += -(-fresh // block_size) + 1
+    return total + _ORACLE_SLACK_BLOCKS
 
 
 def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any = None) -> tuple[ArmSummary, RunRecords]:
@@ -93,6 +101,15 @@ def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any =
     return summarize_run(arm.name, records), records
 
 
+# The tasks of a parallel point, inherited by forked workers (a step model
+# may hold native state that cannot be pickled).
+_TASKS: list[tuple[Arm, list[SimJob], SimSettings, int | None]] = []
+
+
+def _run_task(index: int) -> tuple[ArmSummary, str]:
+    return _run_arm_job(_TASKS[index])
+
+
 def _run_arm_job(args: tuple[Arm, list[SimJob], SimSettings, int | None]) -> tuple[ArmSummary, str]:
     arm, jobs, settings, bar_position = args
     bar = None
@@ -115,8 +132,12 @@ def run_point(arms: list[Arm], jobs: list[SimJob], settings: SimSettings, show_p
         from concurrent.futures import ProcessPoolExecutor
 
         # fork: the children inherit the imported vLLM (a spawn would import it again).
-        with ProcessPoolExecutor(min(workers, len(arms)), mp_context=multiprocessing.get_context("fork")) as pool:
-            results = list(pool.map(_run_arm_job, tasks))
+        _TASKS[:] = tasks
+        try:
+            with ProcessPoolExecutor(min(workers, len(arms)), mp_context=multiprocessing.get_context("fork")) as pool:
+                results = list(pool.map(_run_task, range(len(tasks))))
+        finally:
+            _TASKS.clear()
     else:
         results = [_run_arm_job(t) for t in tasks]
     for _, speed in results:

@@ -15,6 +15,7 @@
 # Environment: CONTINUUM_VENV (default ~/.venvs/vllm-continuum),
 #              CONTINUUM_AGENT_VENV (default ~/.venvs/vllm-continuum-agents),
 #              CONTINUUM_ROUTER_VENV (default ~/.venvs/vllm-continuum-router),
+#              CONTINUUM_AIPERF_VENV (default ~/.venvs/vllm-continuum-aiperf),
 #              CONTINUUM_MODELS (default ~/.cache/vllm-continuum/models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -115,6 +116,16 @@ if ! "$ROUTER_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit
   log "installing vllm-router $VLLM_ROUTER_VERSION in $ROUTER_VENV"
   python3 -m venv "$ROUTER_VENV"
   "$ROUTER_VENV/bin/pip" install -q "vllm-router==$VLLM_ROUTER_VERSION"
+fi
+
+# NVIDIA AIPerf (live trace replay: benchmarks/aiperf_replay.py), in its own
+# venv so its pins move nothing of vLLM's.
+AIPERF_VENV=${CONTINUUM_AIPERF_VENV:-$HOME/.venvs/vllm-continuum-aiperf}
+AIPERF_VERSION=0.13.0
+if ! "$AIPERF_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('aiperf') != '$AIPERF_VERSION')" 2>/dev/null; then
+  log "installing aiperf $AIPERF_VERSION in $AIPERF_VENV"
+  python3 -m venv "$AIPERF_VENV"
+  "$AIPERF_VENV/bin/pip" install -q "aiperf==$AIPERF_VERSION"
 fi
 
 log "building models in $MODELS"

@@ -9,6 +9,7 @@ under pressure; the CLI replays the shipped Claude Code subset.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -161,7 +162,11 @@ def test_cli_replays_the_shipped_traces_byte_identically(capsys: pytest.CaptureF
     lines = [line for line in first.splitlines() if line.startswith(("fcfs:", "continuum:", "oracle:"))]
     assert len(lines) == 3
     assert "gap_closed" in lines[1]
-    assert os.path.exists(tmp_path / "results.json")
+    points = json.loads((tmp_path / "results.json").read_text())["points"]
+    oracle = next(p for p in points if p["arm"] == "oracle")
+    # The oracle's pool never evicts: it recomputes nothing any turn had before.
+    assert oracle["recomputed_tokens"] == 0
+    assert oracle["hit_share"] == pytest.approx(oracle["reusable_share"])
 
 
 def test_cli_rejects_unknown_names() -> None:
