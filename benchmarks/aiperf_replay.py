@@ -91,32 +91,27 @@ import shlex
 import subprocess
 import sys
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from .aiperf_results import (cache_hit_share, counter_deltas, format_summary, read_records, request_rows,
+                             summarize_arm, summarize_paths)
+from .aiperf_traces import peak_tokens, scale_session, select_sessions, write_traces
+
 __all__ = [
-    "AIPERF_BLOCK",
     "AIPERF_VERSION",
-    "SessionStats",
+    "Plan",
     "aiperf_command",
+    "aiperf_env",
     "build_parser",
     "gpu_command",
-    "jct_by_session",
     "main",
-    "main_requests",
-    "read_records",
-    "scale_session",
-    "select_sessions",
-    "summarize_arm",
+    "plan_run",
+    "run_arm",
 ]
 
 AIPERF_VERSION = "0.13.0"
-# AIPerf's weka_trace loader decodes every hash id into this many tokens,
-# whatever the file's own ``block_size`` says (plugins.yaml metadata).
-AIPERF_BLOCK = 64
-MAIN_TYPES = ("n", "s")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TRACES = os.path.join(REPO, "benchmarks", "data", "claude_code_traces")
 DEFAULT_MODEL_DIR = os.path.join(
@@ -132,341 +127,6 @@ TEMPLATE_SLACK = 256
 
 def log(msg: str) -> None:
     print(f"[aiperf-replay] {msg}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------
-# Traces and scaling (pure functions)
-# ----------------------------------------------------------------------
-def load_trace(path: str) -> dict[str, Any] | None:
-    """One trace file, or ``None`` when it is not valid JSON (a few shipped
-    files are not) or has no ``requests`` list."""
-    try:
-        with open(path) as f:
-            trace = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(trace, dict) or not isinstance(trace.get("requests"), list):
-        return None
-    return trace
-
-
-def main_requests(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The session's main-conversation requests: ``type`` ``n``/``s`` of the
-    model of its first such request (side calls to another model and
-    sub-agent entries are left out), in trace order."""
-    mains = [r for r in trace.get("requests", []) if isinstance(r, dict) and r.get("type") in MAIN_TYPES]
-    if not mains:
-        return []
-    model = mains[0].get("model")
-    return [r for r in mains if r.get("model") == model]
-
-
-def _think(req: Mapping[str, Any], prev: Mapping[str, Any] | None) -> float:
-    """The recorded gap before ``req``: its ``think_time``, else the idle time
-    since ``prev`` ended (``t - prev.t - prev.api_time``), else 0."""
-    think = req.get("think_time")
-    if isinstance(think, (int, float)) and math.isfinite(think):
-        return max(0.0, float(think))
-    if prev is None:
-        return 0.0
-    api = prev.get("api_time") or 0.0
-    return max(0.0, float(req.get("t", 0.0)) - float(prev.get("t", 0.0)) - float(api))
-
-
-def scale_session(
-    trace: Mapping[str, Any],
-    *,
-    turns: int,
-    merge: int,
-    max_out: int,
-    max_think: float,
-    think_scale: float = 1.0,
-) -> dict[str, Any]:
-    """A weka-trace session AIPerf can replay, scaled down (pure function).
-
-    Takes the first ``turns`` main requests (:func:`main_requests`); merges
-    every ``merge`` consecutive 64-token hash blocks into one 64-token block
-    (new ids, one per distinct run of ``merge`` original ids, numbered from 1
-    in order of first appearance, so turns that shared a prefix of whole
-    runs still share it), which divides prompt tokens by ``merge``:
-    ``in = merged_blocks * 64 + max(1, (in - merged_blocks * merge * 64) // merge)``
-    (the ``max(1, ...)`` keeps a fresh user tail on every turn); output
-    tokens become ``min(max_out, ceil(out / merge))`` (>= 1); think times
-    ``min(max_think, think * think_scale)`` (the first request's is 0);
-    ``t`` is rebuilt as ``previous t + previous api_time + think``.
-    ``tool_tokens``/``system_tokens`` are divided by ``merge`` and clamped so
-    that their blocks fit the first prompt's merged blocks.
-
-    Raises ``ValueError`` if the session has no main request or an argument
-    is out of range.
-    """
-    if turns < 1 or merge < 1 or max_out < 1 or max_think < 0 or think_scale < 0:
-        raise ValueError("turns, merge and max_out must be >= 1; max_think and think_scale >= 0")
-    mains = main_requests(trace)[:turns]
-    if not mains:
-        raise ValueError(f"session {trace.get('id')!r} has no main request")
-    ids: dict[tuple[int, ...], int] = {}
-    out_reqs: list[dict[str, Any]] = []
-    prev: Mapping[str, Any] | None = None
-    t = 0.0
-    for k, req in enumerate(mains):
-        hashes = list(req.get("hash_ids") or [])
-        full = len(hashes) // merge
-        merged = [ids.setdefault(tuple(hashes[i * merge:(i + 1) * merge]), len(ids) + 1) for i in range(full)]
-        rest = max(0, int(req["in"]) - full * merge * AIPERF_BLOCK)
-        new_in = full * AIPERF_BLOCK + max(1, rest // merge)
-        new_out = max(1, min(max_out, math.ceil(int(req.get("out") or 0) / merge)))
-        think = 0.0 if k == 0 else min(max_think, _think(req, prev) * think_scale)
-        if k > 0:
-            t += float(prev.get("api_time") or 0.0) + think
-        api = req.get("api_time")
-        out_reqs.append({
-            "t": round(t, 3),
-            "type": "n",
-            "model": req.get("model") or "model",
-            "in": new_in,
-            "out": new_out,
-            "hash_ids": merged,
-            "input_types": list(req.get("input_types") or []),
-            "output_types": list(req.get("output_types") or []),
-            "stop": req.get("stop") or "",
-            "api_time": float(api) if isinstance(api, (int, float)) and math.isfinite(api) else None,
-            "think_time": round(think, 3),
-        })
-        prev = req
-    first_blocks = len(out_reqs[0]["hash_ids"])
-    tool = int(trace.get("tool_tokens") or 0) // merge
-    system = int(trace.get("system_tokens") or 0) // merge
-    # AIPerf takes the system segment from the first prompt's hash blocks
-    # (ceil((tool + system) / 64) of them) and refuses a trace without enough.
-    budget = first_blocks * AIPERF_BLOCK
-    if tool + system > budget:
-        tool = min(tool, budget)
-        system = budget - tool
-    return {
-        "id": str(trace.get("id") or "session"),
-        "models": [out_reqs[0]["model"]],
-        "block_size": AIPERF_BLOCK,
-        "hash_id_scope": "local",
-        "tool_tokens": tool,
-        "system_tokens": system,
-        "requests": out_reqs,
-    }
-
-
-def peak_tokens(session: Mapping[str, Any]) -> int:
-    """Largest prompt + output of a (scaled) session, in tokens."""
-    return max(int(r["in"]) + int(r["out"]) for r in session["requests"])
-
-
-def select_sessions(
-    trace_dir: str,
-    *,
-    sessions: int,
-    turns: int,
-    min_turns: int = 2,
-    max_input: int | None = None,
-    ids: Sequence[str] = (),
-) -> list[tuple[str, dict[str, Any]]]:
-    """``(path, trace)`` of the sessions to replay, in file-name order: the
-    named ``ids`` (file stem or trace id), else the first ``sessions``
-    parseable traces with at least ``min_turns`` main requests whose first
-    ``turns`` main prompts stay within ``max_input`` recorded tokens."""
-    names = sorted(n for n in os.listdir(trace_dir) if n.endswith(".json"))
-    chosen: list[tuple[str, dict[str, Any]]] = []
-    wanted = set(ids)
-    for name in names:
-        path = os.path.join(trace_dir, name)
-        if wanted and name[:-5] not in wanted:
-            # Cheap filter first; the trace id is checked after loading.
-            trace = load_trace(path)
-            if trace is None or trace.get("id") not in wanted:
-                continue
-        else:
-            trace = load_trace(path)
-            if trace is None:
-                continue
-        mains = main_requests(trace)[:turns]
-        if not wanted:
-            if len(mains) < min_turns:
-                continue
-            if max_input is not None and max(int(r["in"]) for r in mains) > max_input:
-                continue
-        elif not mains:
-            continue
-        chosen.append((path, trace))
-        if not wanted and len(chosen) >= sessions:
-            break
-    return chosen
-
-
-# ----------------------------------------------------------------------
-# AIPerf records -> per-request and per-session figures (pure functions)
-# ----------------------------------------------------------------------
-def read_records(path: str) -> list[dict[str, Any]]:
-    """AIPerf's ``profile_export.jsonl`` (one JSON record per line)."""
-    records = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                records.append(json.loads(line))
-    return records
-
-
-def _metric(record: Mapping[str, Any], name: str) -> float | None:
-    """A per-record metric in its unit (``{"value": v, "unit": u}``), ms -> s."""
-    m = (record.get("metrics") or {}).get(name)
-    if m is None:
-        return None
-    value = m.get("value") if isinstance(m, dict) else m
-    if value is None:
-        return None
-    unit = m.get("unit", "ms") if isinstance(m, dict) else "ms"
-    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}.get(unit)
-    return float(value) * scale if scale is not None else float(value)
-
-
-def _count(record: Mapping[str, Any], *names: str) -> int | None:
-    """The first of ``names`` present among the record's metrics, as an int
-    (token counts: ``{"value": n, "unit": "tokens"}``)."""
-    metrics = record.get("metrics") or {}
-    for name in names:
-        m = metrics.get(name)
-        value = m.get("value") if isinstance(m, dict) else m
-        if isinstance(value, (int, float)):
-            return int(value)
-    return None
-
-
-def session_key(record: Mapping[str, Any]) -> str:
-    """The session a record belongs to: its ``conversation_id`` up to ``::``
-    (AIPerf names sub-agent children ``TRACE::sa:...``), else its
-    ``x_correlation_id``."""
-    meta = record.get("metadata") or {}
-    conv = meta.get("conversation_id")
-    if conv:
-        return str(conv).split("::", 1)[0]
-    return str(meta.get("x_correlation_id") or "?")
-
-
-@dataclass
-class SessionStats:
-    session: str
-    requests: int
-    failed: int
-    start_ns: int
-    end_ns: int
-    jct_s: float
-    ttft_s: list[float] = field(default_factory=list)
-    latency_s: list[float] = field(default_factory=list)
-
-
-def request_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per request: session, turn, start/end (ns), TTFT and latency
-    (s), ok (no error)."""
-    rows = []
-    for rec in records:
-        meta = rec.get("metadata") or {}
-        start = meta.get("request_start_ns")
-        end = meta.get("request_end_ns")
-        rows.append({
-            "session": session_key(rec),
-            "conversation_id": meta.get("conversation_id"),
-            "x_correlation_id": meta.get("x_correlation_id"),
-            "turn_index": meta.get("turn_index"),
-            "start_ns": int(start) if start is not None else None,
-            "end_ns": int(end) if end is not None else None,
-            "ttft_s": _metric(rec, "time_to_first_token"),
-            "latency_s": _metric(rec, "request_latency"),
-            "prompt_tokens": _count(rec, "usage_prompt_tokens", "input_sequence_length"),
-            "cached_tokens": _count(rec, "usage_prompt_cache_read_tokens"),
-            "output_tokens": _count(rec, "usage_completion_tokens", "output_sequence_length"),
-            "ok": not rec.get("error") and meta.get("was_cancelled") is not True,
-            "error": rec.get("error"),
-        })
-    return rows
-
-
-def jct_by_session(records: Iterable[Mapping[str, Any]]) -> dict[str, SessionStats]:
-    """Per session (:func:`session_key`): first request start to last request
-    end, in seconds, with its requests' TTFTs and latencies."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in request_rows(records):
-        groups[row["session"]].append(row)
-    stats = {}
-    for key, rows in groups.items():
-        starts = [r["start_ns"] for r in rows if r["start_ns"] is not None]
-        ends = [r["end_ns"] for r in rows if r["end_ns"] is not None]
-        if not starts or not ends:
-            continue
-        stats[key] = SessionStats(
-            session=key,
-            requests=len(rows),
-            failed=sum(not r["ok"] for r in rows),
-            start_ns=min(starts),
-            end_ns=max(ends),
-            jct_s=(max(ends) - min(starts)) / 1e9,
-            ttft_s=[r["ttft_s"] for r in rows if r["ttft_s"] is not None],
-            latency_s=[r["latency_s"] for r in rows if r["latency_s"] is not None],
-        )
-    return stats
-
-
-def cache_hit_share(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
-    """Share of prompt tokens served from the prefix cache over an arm, from
-    ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``
-    deltas (``None`` when nothing was queried)."""
-    from .server import metric_sum
-
-    hits = metric_sum(after, "vllm:prefix_cache_hits_total") - metric_sum(before, "vllm:prefix_cache_hits_total")
-    queries = metric_sum(after, "vllm:prefix_cache_queries_total") - metric_sum(before, "vllm:prefix_cache_queries_total")
-    return hits / queries if queries > 0 else None
-
-
-def summarize_arm(policy: str, records: Sequence[Mapping[str, Any]],
-                  hit_share: float | None = None) -> dict[str, Any]:
-    """The arm's summary: sessions, requests, failures, JCT / TTFT / latency
-    statistics (s) and the prefix-cache hit share."""
-    from .stats import summarize
-
-    sessions = jct_by_session(records)
-    rows = request_rows(records)
-    jcts = [s.jct_s for s in sessions.values()]
-    prompt = sum(r["prompt_tokens"] or 0 for r in rows)
-    cached = sum(r["cached_tokens"] or 0 for r in rows)
-    ttfts = [r["ttft_s"] for r in rows if r["ttft_s"] is not None and r["ok"]]
-    lats = [r["latency_s"] for r in rows if r["latency_s"] is not None and r["ok"]]
-    return {
-        "policy": policy,
-        "sessions": len(sessions),
-        "requests": len(rows),
-        "failed": sum(not r["ok"] for r in rows),
-        "jct_s": summarize(jcts) if jcts else None,
-        "ttft_s": summarize(ttfts) if ttfts else None,
-        "latency_s": summarize(lats) if lats else None,
-        "prefix_cache_hit_share": hit_share,
-        # The same from the replies' usage (vLLM --enable-prompt-tokens-details).
-        "cached_token_share": cached / prompt if prompt and any(r["cached_tokens"] is not None for r in rows) else None,
-        "per_session": {k: {"requests": s.requests, "failed": s.failed, "jct_s": s.jct_s}
-                        for k, s in sorted(sessions.items())},
-    }
-
-
-def format_summary(s: Mapping[str, Any]) -> str:
-    """The one line printed per arm."""
-    def f(stat: Mapping[str, Any] | None, key: str) -> str:
-        return f"{stat[key]:.2f}s" if stat else "n/a"
-
-    hit = s.get("prefix_cache_hit_share")
-    counters = s.get("server_counters")
-    return (f"{s['policy']:<14} sessions={s['sessions']} requests={s['requests']} failed={s['failed']} "
-            f"JCT mean={f(s['jct_s'], 'mean')} p90={f(s['jct_s'], 'p90')} "
-            f"TTFT mean={f(s['ttft_s'], 'mean')} latency mean={f(s['latency_s'], 'mean')} "
-            f"prefix-cache hits={'n/a' if hit is None else f'{hit:.1%}'}"
-            + ("" if not counters else
-               f" preemptions={counters.get('preemptions', 0):.0f} pins={counters.get('pins_created', 0):.0f}"
-               f" pin-hit-tokens={counters.get('pin_hit_tokens', 0):.0f}"))
 
 
 # ----------------------------------------------------------------------
@@ -575,21 +235,6 @@ def plan_run(args: argparse.Namespace) -> Plan:
     return Plan(sessions, [p for p, _ in chosen], num_blocks, max_model_len)
 
 
-def write_traces(plan: Plan, run_dir: str) -> tuple[str, str]:
-    """The scaled traces (``RUN/traces``, what the arms replay) and a copy of
-    the same sessions unscaled (``RUN/unscaled_traces``, for a GPU)."""
-    scaled = os.path.join(run_dir, "traces")
-    unscaled = os.path.join(run_dir, "unscaled_traces")
-    os.makedirs(scaled, exist_ok=True)
-    os.makedirs(unscaled, exist_ok=True)
-    for session, src in zip(plan.sessions, plan.sources):
-        with open(os.path.join(scaled, f"{session['id']}.json"), "w") as f:
-            json.dump(session, f)
-        with open(src, "rb") as fin, open(os.path.join(unscaled, os.path.basename(src)), "wb") as fout:
-            fout.write(fin.read())
-    return scaled, unscaled
-
-
 def server_args(args: argparse.Namespace, policy: str, plan: Plan) -> list[str]:
     from .dtype import dtype_bytes
 
@@ -625,25 +270,6 @@ def warm_up(url: str, model: str, lengths: Sequence[int]) -> None:
         prompt = " ".join(f"warm{rng.randrange(10**6)}" for _ in range(max(1, n // 4)))
         requests.post(url + "/v1/completions", timeout=600,
                       json={"model": model, "prompt": prompt, "max_tokens": 4, "ignore_eos": True})
-
-
-CONTINUUM_COUNTERS = {
-    "pins_created": "vllm_continuum:pins_created_total",
-    "pin_hit_tokens": "vllm_continuum:pin_hit_tokens_total",
-    "preemptions": "vllm:num_preemptions_total",
-    "prompt_tokens": "vllm:prompt_tokens_total",
-}
-
-
-def counter_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    from .server import metric_sum
-
-    out = {k: metric_sum(after, name) - metric_sum(before, name) for k, name in CONTINUUM_COUNTERS.items()}
-    for reason in ("ttl", "pressure", "handoff", "cap", "abort"):
-        name = "vllm_continuum:pins_released_total"
-        out[f"pins_released_{reason}"] = (metric_sum(after, name, reason=reason)
-                                          - metric_sum(before, name, reason=reason))
-    return out
 
 
 def _count_lines(path: str) -> int:
@@ -813,18 +439,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def summarize_paths(paths: Sequence[str]) -> int:
-    """``--summarize``: one summary line per AIPerf run. Without the server's
-    counters the prefix-cache share is the replies' ``cached_tokens`` share
-    (``n/a`` unless vLLM ran with ``--enable-prompt-tokens-details``)."""
-    for path in paths:
-        jsonl = os.path.join(path, "profile_export.jsonl") if os.path.isdir(path) else path
-        summary = summarize_arm(path.rstrip("/"), read_records(jsonl))
-        summary["prefix_cache_hit_share"] = summary["cached_token_share"]
-        print(format_summary(summary))
-    return 0
-
-
 def aiperf_version(aiperf: str) -> str | None:
     python = os.path.join(os.path.dirname(aiperf), "python")
     try:
@@ -851,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = args.out or os.path.join("results", "aiperf_replay", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(run_dir, exist_ok=True)
     plan = plan_run(args)
-    traces, unscaled = write_traces(plan, run_dir)
+    traces, unscaled = write_traces(plan.sessions, plan.sources, run_dir)
     version = aiperf_version(args.aiperf)
     log(f"CPU: {cpu_name()}; dtype {args.dtype}; AIPerf {version or 'NOT FOUND at ' + args.aiperf}")
     for s in plan.sessions:

@@ -9,7 +9,7 @@ https://github.com/callanjfox/kv-cache-tester, copies the selected trace
 files byte for byte into ``--out`` (after removing the ``trace_*.json``
 files there), copies the upstream LICENSE, writes NOTICE, and writes
 README.md with the selection rule and the statistics that
-``python -m benchmarks.sim.traces`` prints for the subset and for all the
+``python -m benchmarks.sim.trace_stats`` prints for the subset and for all the
 checkout's files. The rule (constants below; deterministic):
 
 1. A session is eligible when it loads (``benchmarks.sim.traces``), has at
@@ -44,9 +44,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.sim.trace_stats import (  # noqa: E402
+    TraceSetStats, stats_table, summarize_dir)
 from benchmarks.sim.traces import (  # noqa: E402
-    DEFAULT_TRACE_DIR, TraceSession, TraceSetStats, iter_trace_dir,
-    stats_table, summarize_dir)
+    DEFAULT_TRACE_DIR, TraceSession, iter_trace_dir)
 
 UPSTREAM_URL = "https://github.com/callanjfox/kv-cache-tester"
 MIN_MAIN_REQUESTS = 2
@@ -129,7 +130,7 @@ def render_readme(*, commit: str, strata: list[list[Candidate]],
         "",
         "`benchmarks/sim/traces.py` reads them (its docstring describes the "
         "format as found in these files) and "
-        "`python -m benchmarks.sim.traces` prints the statistics below. "
+        "`python -m benchmarks.sim.trace_stats` prints the statistics below. "
         "AIPerf reads the same files (`--custom-dataset-type weka-trace`).",
         "",
         "## Selection rule",
@@ -164,9 +165,9 @@ def render_readme(*, commit: str, strata: list[list[Candidate]],
         "",
         "## Statistics",
         "",
-        "From `python -m benchmarks.sim.traces --markdown SUBSET ALL`: "
+        "From `python -m benchmarks.sim.trace_stats --markdown SUBSET ALL`: "
         "main-conversation requests unless named otherwise (definitions: "
-        "`TraceSetStats` in `benchmarks/sim/traces.py`). \"all files\" is "
+        "`TraceSetStats` in `benchmarks/sim/trace_stats.py`). \"all files\" is "
         f"every file of the checkout's `traces/`. {source_note}".rstrip(),
         "",
         table,

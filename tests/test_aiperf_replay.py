@@ -1,5 +1,6 @@
-"""benchmarks.aiperf_replay: trace scaling, AIPerf records -> JCT, and one
-small live arm (AIPerf against a real ``vllm serve``)."""
+"""benchmarks.aiperf_traces (trace scaling), benchmarks.aiperf_results (AIPerf
+records -> JCT) and benchmarks.aiperf_replay (commands, and one small live arm:
+AIPerf against a real ``vllm serve``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import pytest
 
 from vllm_continuum_plugin.benchmarks import aiperf_replay as ar
+from vllm_continuum_plugin.benchmarks import aiperf_results, aiperf_traces
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,7 +42,7 @@ def trace(requests, tool=1000, system=200, tid="trace_9001"):
 # ----------------------------------------------------------------------
 def test_merge_divides_prompt_tokens_and_keeps_shared_prefix():
     tr = trace([req(0.0, 20, 10, 100, 0.0), req(10.0, 24, 30, 50, 7.0)])
-    s = ar.scale_session(tr, turns=10, merge=4, max_out=1000, max_think=100)
+    s = aiperf_traces.scale_session(tr, turns=10, merge=4, max_out=1000, max_think=100)
     r0, r1 = s["requests"]
     # 20 blocks -> 5 merged blocks; tail 10 tokens -> 10 // 4 = 2.
     assert r0["hash_ids"] == [1, 2, 3, 4, 5] and r0["in"] == 5 * 64 + 2
@@ -53,7 +55,7 @@ def test_merge_divides_prompt_tokens_and_keeps_shared_prefix():
 def test_changed_block_inside_a_run_gets_a_new_merged_id():
     tr = trace([req(0.0, 20, 0, 10, 0.0), req(5.0, 20, 0, 10, 1.0)])
     tr["requests"][1]["hash_ids"][17] = 999  # run 4 (ids 17..20) differs
-    s = ar.scale_session(tr, turns=2, merge=4, max_out=8, max_think=5)
+    s = aiperf_traces.scale_session(tr, turns=2, merge=4, max_out=8, max_think=5)
     assert s["requests"][0]["hash_ids"] == [1, 2, 3, 4, 5]
     assert s["requests"][1]["hash_ids"] == [1, 2, 3, 4, 6]
     # Every turn keeps at least one fresh tail token (a user message).
@@ -62,7 +64,7 @@ def test_changed_block_inside_a_run_gets_a_new_merged_id():
 
 def test_leftover_blocks_fold_into_the_tail():
     # 22 blocks with merge 8: 2 merged blocks, 6 leftover blocks + 5 tokens.
-    s = ar.scale_session(trace([req(0.0, 22, 5, 10, 0.0)], tool=0, system=0), turns=1, merge=8,
+    s = aiperf_traces.scale_session(trace([req(0.0, 22, 5, 10, 0.0)], tool=0, system=0), turns=1, merge=8,
                          max_out=8, max_think=5)
     r = s["requests"][0]
     assert len(r["hash_ids"]) == 2
@@ -80,7 +82,7 @@ def test_turns_main_only_out_and_think_caps():
         req(70.0, 18, 3, 7, 3.0),
         req(90.0, 19, 3, 7, 2.0),
     ], tool=0, system=0)
-    s = ar.scale_session(tr, turns=3, merge=2, max_out=32, max_think=10, think_scale=0.5)
+    s = aiperf_traces.scale_session(tr, turns=3, merge=2, max_out=32, max_think=10, think_scale=0.5)
     reqs = s["requests"]
     assert len(reqs) == 3 and all(r["type"] == "n" and r["model"] == "claude-opus" for r in reqs)
     assert [r["out"] for r in reqs] == [1, 32, 4]  # 0 -> 1; 500 / 2 capped at 32; ceil(7 / 2)
@@ -91,16 +93,16 @@ def test_turns_main_only_out_and_think_caps():
 
 def test_missing_think_time_uses_idle_gap():
     tr = trace([req(0.0, 4, 0, 10, 0.0, api=3.0), req(10.0, 5, 0, 10, None)], tool=0, system=0)
-    s = ar.scale_session(tr, turns=2, merge=1, max_out=10, max_think=100)
+    s = aiperf_traces.scale_session(tr, turns=2, merge=1, max_out=10, max_think=100)
     assert s["requests"][1]["think_time"] == 7.0  # 10 - 0 - 3
 
 
 def test_scaled_session_fits_aiperf_schema_and_is_pure():
     tr = trace([req(0.0, 240, 40, 300, 0.0), req(9.0, 250, 3, 99, 3.0)], tool=12448, system=2882)
     before = copy.deepcopy(tr)
-    s = ar.scale_session(tr, turns=6, merge=16, max_out=32, max_think=5)
+    s = aiperf_traces.scale_session(tr, turns=6, merge=16, max_out=32, max_think=5)
     assert tr == before
-    assert s == ar.scale_session(tr, turns=6, merge=16, max_out=32, max_think=5)
+    assert s == aiperf_traces.scale_session(tr, turns=6, merge=16, max_out=32, max_think=5)
     assert set(s) <= WEKA_TRACE_FIELDS
     for r in s["requests"]:
         assert WEKA_REQUIRED_REQUEST <= set(r) <= WEKA_REQUEST_FIELDS
@@ -114,23 +116,23 @@ def test_scaled_session_fits_aiperf_schema_and_is_pure():
 
 
 def test_system_prefix_clamped_to_first_prompt():
-    s = ar.scale_session(trace([req(0.0, 3, 0, 10, 0.0)], tool=5000, system=5000), turns=1, merge=1,
+    s = aiperf_traces.scale_session(trace([req(0.0, 3, 0, 10, 0.0)], tool=5000, system=5000), turns=1, merge=1,
                          max_out=8, max_think=1)
     assert s["tool_tokens"] + s["system_tokens"] <= 3 * 64
 
 
 def test_merge_one_keeps_the_recording():
     tr = trace([req(0.0, 10, 17, 40, 0.0), req(5.0, 12, 1, 30, 2.0)])
-    s = ar.scale_session(tr, turns=2, merge=1, max_out=1000, max_think=100)
+    s = aiperf_traces.scale_session(tr, turns=2, merge=1, max_out=1000, max_think=100)
     for orig, new in zip(tr["requests"], s["requests"]):
         assert (new["in"], new["out"], new["hash_ids"]) == (orig["in"], orig["out"], orig["hash_ids"])
 
 
 def test_scale_rejects_empty_and_bad_arguments():
     with pytest.raises(ValueError):
-        ar.scale_session(trace([]), turns=2, merge=2, max_out=8, max_think=1)
+        aiperf_traces.scale_session(trace([]), turns=2, merge=2, max_out=8, max_think=1)
     with pytest.raises(ValueError):
-        ar.scale_session(trace([req(0.0, 4, 0, 10, 0.0)]), turns=2, merge=0, max_out=8, max_think=1)
+        aiperf_traces.scale_session(trace([req(0.0, 4, 0, 10, 0.0)]), turns=2, merge=0, max_out=8, max_think=1)
 
 
 def test_select_sessions_skips_bad_short_and_large(tmp_path):
@@ -141,9 +143,9 @@ def test_select_sessions_skips_bad_short_and_large(tmp_path):
     for i in (4, 5, 6):
         (tmp_path / f"trace_000{i}.json").write_text(json.dumps(
             trace([req(0.0, 40, 0, 10, 0.0), req(1.0, 41, 0, 10, 1.0)], tid=f"trace_000{i}")))
-    got = ar.select_sessions(str(tmp_path), sessions=2, turns=4, min_turns=2, max_input=30000)
+    got = aiperf_traces.select_sessions(str(tmp_path), sessions=2, turns=4, min_turns=2, max_input=30000)
     assert [t["id"] for _, t in got] == ["trace_0004", "trace_0005"]
-    named = ar.select_sessions(str(tmp_path), sessions=2, turns=4, ids=["trace_0003", "trace_0006"])
+    named = aiperf_traces.select_sessions(str(tmp_path), sessions=2, turns=4, ids=["trace_0003", "trace_0006"])
     assert [t["id"] for _, t in named] == ["trace_0003", "trace_0006"]
 
 
@@ -202,7 +204,7 @@ RECORDS = [
 def test_records_roundtrip_through_jsonl(tmp_path):
     path = tmp_path / "profile_export.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS) + "\n")
-    assert ar.read_records(str(path)) == RECORDS
+    assert aiperf_results.read_records(str(path)) == RECORDS
 
 
 def test_summarize_existing_run(tmp_path, capsys):
@@ -216,7 +218,7 @@ def test_summarize_existing_run(tmp_path, capsys):
 
 
 def test_request_rows():
-    rows = ar.request_rows(RECORDS)
+    rows = aiperf_results.request_rows(RECORDS)
     assert rows[0]["session"] == "trace_0002" and rows[0]["turn_index"] == 0
     assert rows[0]["ttft_s"] == pytest.approx(7.5788)
     assert rows[0]["latency_s"] == pytest.approx(13.4, abs=1e-6)
@@ -226,7 +228,7 @@ def test_request_rows():
 
 
 def test_jct_by_session():
-    stats = ar.jct_by_session(RECORDS)
+    stats = aiperf_results.jct_by_session(RECORDS)
     assert set(stats) == {"trace_0002", "trace_0003"}
     a, b = stats["trace_0002"], stats["trace_0003"]
     assert a.jct_s == pytest.approx(22.0, abs=1e-6)  # first start 0.0 -> last end 22.0 (the failed turn)
@@ -239,17 +241,17 @@ def test_jct_by_session():
 def test_session_key_falls_back_to_correlation_id():
     rec = record("x", "corr-1", 0, 0, 1, 10.0, 10, 0)
     rec["metadata"]["conversation_id"] = None
-    assert ar.session_key(rec) == "corr-1"
+    assert aiperf_results.session_key(rec) == "corr-1"
 
 
 def test_summarize_arm_and_summary_line():
-    s = ar.summarize_arm("continuum", RECORDS, hit_share=0.455)
+    s = aiperf_results.summarize_arm("continuum", RECORDS, hit_share=0.455)
     assert (s["sessions"], s["requests"], s["failed"]) == (2, 6, 1)
     assert s["jct_s"]["count"] == 2
     assert s["jct_s"]["mean"] == pytest.approx((22.0 + 24.99) / 2, abs=1e-6)
     assert s["ttft_s"]["count"] == 5
     assert s["cached_token_share"] == pytest.approx(1984 / (1001 + 1049 + 1013 + 1302 + 200))
-    line = ar.format_summary(s)
+    line = aiperf_results.format_summary(s)
     assert line.startswith("continuum") and "sessions=2" in line and "failed=1" in line
     assert "JCT mean=23.49s" in line and "prefix-cache hits=45.5%" in line
 
@@ -259,8 +261,8 @@ def test_cache_hit_share_from_metric_deltas():
               'vllm:prefix_cache_queries_total{engine="0",model_name="m"}': 1000.0}
     after = {'vllm:prefix_cache_hits_total{engine="0",model_name="m"}': 600.0,
              'vllm:prefix_cache_queries_total{engine="0",model_name="m"}': 3000.0}
-    assert ar.cache_hit_share(before, after) == pytest.approx(0.25)
-    assert ar.cache_hit_share(before, before) is None
+    assert aiperf_results.cache_hit_share(before, after) == pytest.approx(0.25)
+    assert aiperf_results.cache_hit_share(before, before) is None
 
 
 # ----------------------------------------------------------------------

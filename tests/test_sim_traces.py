@@ -1,5 +1,6 @@
-"""The kv-cache-tester trace reader (benchmarks/sim/traces.py) and the
-shipped subset (benchmarks/data/claude_code_traces). Pure logic: no vLLM."""
+"""The kv-cache-tester trace reader (benchmarks/sim/traces.py), its statistics
+(benchmarks/sim/trace_stats.py) and the shipped subset
+(benchmarks/data/claude_code_traces). Pure logic: no vLLM."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.sim.trace_stats import main, summarize  # noqa: E402
 from benchmarks.sim.traces import (  # noqa: E402
     DEFAULT_TRACE_DIR, MAIN_KINDS, TraceFormatError, TraceSession,
-    load_trace_dir, load_trace_file, main, summarize)
+    load_trace_dir, load_trace_file)
 
 
 def _load_build_script() -> Any:
