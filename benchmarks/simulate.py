@@ -49,6 +49,7 @@ class SimSettings:
     step_model: Any  # sim.step_model.StepModel
     model_dir: str
     num_blocks: int
+    offload_gib: float = 256.0  # host memory per GPU for the offload arms
 
 
 def _shape(settings: SimSettings, num_blocks: int | None = None) -> EngineShape:
@@ -60,8 +61,10 @@ def _shape(settings: SimSettings, num_blocks: int | None = None) -> EngineShape:
         max_num_seqs=p.max_num_seqs,
         max_num_batched_tokens=p.max_num_batched_tokens,
         max_model_len=p.max_model_len,
-        num_kv_heads=p.model.num_kv_heads,
+        num_kv_heads=max(1, p.model.num_kv_heads // p.tp),
         head_size=p.model.head_dim,
+        num_layers=p.model.num_layers,
+        offload_bytes=int(settings.offload_gib * 2**30),
     )
 
 
@@ -86,10 +89,21 @@ def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any =
     clock = ManualClock()
     blocks = oracle_blocks(jobs, settings.profile.block_size) if arm.unbounded_pool else None
     scheduler = build_scheduler(arm, _shape(settings), clock, num_blocks=blocks)
+    worker = None
+    if arm.offload:
+        from .sim.offload import SimulatedOffloadWorker
+        from .sim.step_model import pcie_transfer_seconds
+        from .sim.batch import BatchShape
+
+        profile = settings.profile
+        worker = SimulatedOffloadWorker(
+            profile.block_size, lambda tokens: pcie_transfer_seconds(profile, BatchShape(loaded_tokens=tokens)),
+        )
     engine = ReplayEngine(
         scheduler, clock, settings.step_model, jobs, block_size=settings.profile.block_size,
         send_metadata=arm.is_plugin,
         on_turn_finished=(lambda _r: progress.update(1)) if progress is not None else None,
+        offload_worker=worker,
     )
     try:
         records = engine.run()
@@ -219,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--step-model", default="roofline", choices=["roofline", "aiconfigurator", "cpu"])
     eng.add_argument("--cpu-fit", help="JSON of a fitted CPU step model (--step-model cpu)")
     eng.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (default: the profile's)")
+    eng.add_argument("--offload-gib", type=float, default=256.0,
+                     help="host memory per GPU for the offload arms' KV store, GiB (default 256)")
     p.add_argument("--policies", default="fcfs,continuum,oracle", help="comma-separated arms")
     p.add_argument("--seed", type=int, default=7)
     sweep = p.add_argument_group("sweeps (one table per point, a JSON and a plot in --out)")
@@ -260,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             for frac in fractions:
                 blocks = max(1, int(base_blocks * frac))
                 jobs = load_jobs(args, rate, profile, blocks)
-                settings = SimSettings(profile, step_model, model_dir, blocks)
+                settings = SimSettings(profile, step_model, model_dir, blocks, args.offload_gib)
                 print(f"# profile={profile.name} step_model={step_model.name} jobs={len(jobs)} "
                       f"turns={sum(len(j.turns) for j in jobs)} rate={rate:g}/min blocks={blocks} "
                       f"block_size={profile.block_size} seed={args.seed} "

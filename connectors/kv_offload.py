@@ -98,6 +98,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.core.sched.output import SchedulerOutput
 
+from vllm_continuum_plugin.clock import Clock
 from .cpu_store import CPUStore
 from .offload_metrics import ContinuumOffloadPromMetrics, ContinuumOffloadStats
 
@@ -360,6 +361,12 @@ class ContinuumOffloadConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------
     # Public scheduler-side API for the plugin scheduler
     # ------------------------------------------------------------------
+    def set_clock(self, clock: Clock) -> None:
+        """Read hold deadlines from ``clock`` (the Continuum scheduler hands
+        in its own, so holds and pins share one time source)."""
+        if self._sched is not None:
+            self._sched.clock = clock
+
     def save_blocks(self, blocks: Iterable[Any], hold_job: str | None = None) -> int:
         """Store these GPU blocks (``KVCacheBlock``s with a hash) before the
         caller frees them. The copy runs before the next forward pass, so the

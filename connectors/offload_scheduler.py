@@ -6,12 +6,12 @@ per step, and the job holds the Continuum scheduler asks for (see
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.output import SchedulerOutput
 
+from vllm_continuum_plugin.clock import SYSTEM_CLOCK, Clock
 from .cpu_store import CPUStore
 from .offload_metadata import (
     ContinuumOffloadMetadata,
@@ -58,7 +58,11 @@ class _SchedulerSide:
             )
         self.hash_ratio = self.block_size // hash_block_size
         self.block_bytes = _block_bytes_estimate(kv_cache_config) if kv_cache_config else 1
-        self.index = CPUStore(conn._capacity_bytes)
+        # Hold deadlines are read from ``clock``: the system clock in a
+        # server; the scheduler's own (``set_clock``) under Continuum, so a
+        # simulation's virtual time decides when holds lapse.
+        self.clock: Clock = SYSTEM_CLOCK
+        self.index = CPUStore(conn._capacity_bytes, clock=self._now)
         if conn._capacity_bytes < self.block_bytes:
             logger.warning(
                 "ContinuumOffloadConnector: cpu_bytes per worker (%d) is below one block (%d "
@@ -90,6 +94,9 @@ class _SchedulerSide:
         self._last_gauges: tuple[int, int, int] | None = None
         self.load_s_per_token: float | None = None
         self.store_s_per_token: float | None = None
+
+    def _now(self) -> float:
+        return self.clock.monotonic()
 
     # --- keys -------------------------------------------------------------
     def keys_of(self, request: Any) -> Sequence[bytes]:
@@ -296,7 +303,7 @@ class _SchedulerSide:
         # needs first), the rest are plain LRU entries.
         num_held = 0
         if hold_job is not None and self.hold_seconds > 0:
-            until = time.monotonic() + self.hold_seconds
+            until = self.clock.monotonic() + self.hold_seconds
             held = self.job_holds.get(hold_job, (0.0, {}))[1]
             self.job_holds[hold_job] = (until, held)
             num_held = min(len(blocks), self._hold_room(held))
@@ -371,7 +378,7 @@ class _SchedulerSide:
         """Forget the key sets of holds whose deadline passed (the index
         ended those holds on its own): a job that never returns must not
         leak its bookkeeping. At most once per second."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now < self._next_hold_sweep:
             return
         self._next_hold_sweep = now + 1.0

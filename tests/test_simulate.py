@@ -125,7 +125,7 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     jobs = pressured_jobs()
     model = RooflineStepModel(PROFILE)
     by_arm = {}
-    for arm in parse_arms("fcfs,continuum,context_serve,oracle"):
+    for arm in parse_arms("fcfs,continuum,context_serve,continuum-offload,oracle"):
         first, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))  # asserts all blocks free
         again, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))
         assert first == again, arm.name
@@ -136,6 +136,12 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     assert by_arm["continuum"].pins_created > 0
     assert by_arm["continuum"].hit_share > by_arm["fcfs"].hit_share
     assert by_arm["fcfs"].pins_created == 0
+    # The plugin's offload connector (its real scheduler side): what leaves a
+    # pin is stored and reloaded rather than recomputed.
+    offload = by_arm["continuum-offload"]
+    assert offload.stored_tokens > 0 and offload.loaded_tokens > 0
+    assert offload.hit_share > by_arm["continuum"].hit_share
+    assert offload.recomputed_tokens < by_arm["continuum"].recomputed_tokens
 
 
 def test_trace_sessions_become_jobs_with_their_prefix_structure() -> None:

@@ -145,6 +145,8 @@ class ContinuumSchedulerMixin:
         # The plugin's offload connector, when configured: blocks leaving a
         # pin (TTL, pressure) or a SLOW turn are stored before they are freed.
         self.offload = self.connector if hasattr(self.connector, "save_blocks") else None
+        if self.offload is not None:
+            self.offload.set_clock(clock)  # store holds lapse on the pins' clock
         self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)
         # Untagged agents: finished turns that called a tool, found again by
         # the prefix of their next turn (needs block hashes: prefix caching).

@@ -6,9 +6,14 @@ An :class:`Arm` names a scheduling policy and how the KV pool is sized:
   blocks stay in the prefix cache until something else needs them);
 * ``continuum`` / ``context_serve`` -- the plugin's schedulers (pins with a
   TTL, job-aware queue and preemption, soft pins);
-* ``oracle`` -- the stock scheduler over a pool that never evicts (large
-  enough for every job's whole context at once): the bound that retention can
-  reach, reported as such.
+* ``continuum-offload`` -- Continuum with the plugin's CPU offload connector
+  (``ContinuumOffloadConnector``): blocks leaving a pin (TTL, pressure) or a
+  freed turn are stored in host memory and reloaded over PCIe instead of
+  recomputed; its scheduler side runs unchanged, the copies are simulated
+  (``offload``);
+* ``oracle`` -- the stock scheduler over a pool that never evicts (room for
+  every block any turn computes): the bound that retention can reach,
+  reported as such.
 
 The scheduler is built the way vLLM's ``EngineCore`` builds it --
 ``VllmConfig`` → ``get_scheduler_cls()`` → ``cls(vllm_config, kv_cache_config,
@@ -46,6 +51,7 @@ class Arm:
     policy: str
     unbounded_pool: bool = False
     continuum: tuple[tuple[str, Any], ...] = ()
+    offload: bool = False  # the plugin's CPU offload connector
 
     @property
     def is_plugin(self) -> bool:
@@ -56,6 +62,7 @@ ARMS: dict[str, Arm] = {
     "fcfs": Arm("fcfs", "fcfs"),
     "continuum": Arm("continuum", "continuum"),
     "context_serve": Arm("context_serve", "context_serve"),
+    "continuum-offload": Arm("continuum-offload", "continuum", offload=True),
     "oracle": Arm("oracle", "fcfs", unbounded_pool=True),
 }
 
@@ -84,8 +91,10 @@ class EngineShape:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
-    num_kv_heads: int = 8
+    num_kv_heads: int = 8  # per GPU
     head_size: int = 128
+    num_layers: int = 32
+    offload_bytes: int = 256 * 2**30  # host memory per GPU for the offload arms
 
 
 _registered = False
@@ -106,6 +115,8 @@ def build_scheduler(arm: Arm, shape: EngineShape, clock: ManualClock, num_blocks
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
         policy=arm.policy,
+        # One full-attention group; the offload connector requires it said.
+        disable_hybrid_kv_cache_manager=True,
     )
     model_config = ModelConfig(
         model=shape.model_dir, dtype="bfloat16", seed=0, max_model_len=shape.max_model_len,
@@ -120,12 +131,20 @@ def build_scheduler(arm: Arm, shape: EngineShape, clock: ManualClock, num_blocks
         device_config=DeviceConfig("cpu"),
         additional_config={"continuum": dict(arm.continuum)} if arm.continuum else {},
     )
+    if arm.offload:
+        from vllm.config import KVTransferConfig
+
+        vllm_config.kv_transfer_config = KVTransferConfig(
+            kv_connector="ContinuumOffloadConnector", kv_role="kv_both",
+            kv_connector_extra_config={"cpu_bytes": int(shape.offload_bytes)},
+        )
     spec = FullAttentionSpec(
         block_size=shape.block_size, num_kv_heads=shape.num_kv_heads, head_size=shape.head_size,
         dtype=torch.bfloat16,
     )
     kv_cache_config = KVCacheConfig(
-        num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layers"], spec)],
+        num_blocks=blocks, kv_cache_tensors=[],         # One name per layer: the offload store sizes a block by them.
+        kv_cache_groups=[KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(shape.num_layers)], spec)],
     )
     cls = vllm_config.scheduler_config.get_scheduler_cls()
     kwargs: dict[str, Any] = {"clock": clock} if arm.is_plugin else {}

@@ -26,6 +26,7 @@ speed) and reported apart from the records.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +47,7 @@ from .batch import BatchShape, PrefillChunk
 from .jobs import SimJob, TokenBook
 
 if TYPE_CHECKING:
+    from .offload import SimulatedOffloadWorker
     from .step_model import StepModel
 
 __all__ = ["JobHasher", "ReplayEngine", "RunRecords", "SimulationStuck", "TurnRecord"]
@@ -182,6 +184,7 @@ class ReplayEngine:
         block_size: int,
         send_metadata: bool = True,
         on_turn_finished: Callable[[TurnRecord], None] | None = None,
+        offload_worker: "SimulatedOffloadWorker | None" = None,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
@@ -190,6 +193,7 @@ class ReplayEngine:
         self.block_size = block_size
         self.send_metadata = send_metadata
         self.on_turn_finished = on_turn_finished
+        self.offload_worker = offload_worker
         self.book = TokenBook()
         self.hasher = JobHasher(block_size)
         self._t0 = clock.monotonic()
@@ -339,7 +343,7 @@ class ReplayEngine:
             output = sched.schedule()
             if output.total_num_scheduled_tokens == 0:
                 # Nothing fits: what frees memory or brings work is an event.
-                sched.update_from_output(output, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+                self._idle_step(output)
                 nxt = self._next_event_s(pins_too=True)
                 if nxt is None or nxt <= self.now() + _EPS:
                     raise SimulationStuck(
@@ -349,11 +353,18 @@ class ReplayEngine:
                 self._advance_to(nxt)
                 continue
             batch = self._batch(output)
+            runner_output = self._runner_output(output)
+            if self.offload_worker is not None:
+                io = self.offload_worker.step(output)
+                batch = dataclasses.replace(batch, loaded_tokens=io.loaded_tokens, stored_tokens=io.stored_tokens)
+                runner_output.kv_connector_output = io.connector_output
+                self.records.loaded_tokens += io.loaded_tokens
+                self.records.stored_tokens += io.stored_tokens
             dt = self.step_model.step_seconds(batch)
             self.clock.advance(dt)
             self.records.steps += 1
             self.records.busy_s += dt
-            self._collect(sched.update_from_output(output, self._runner_output(output)))
+            self._collect(sched.update_from_output(output, runner_output))
         self.records.makespan_s = self.now()
         self._drain_pins()
         metrics = getattr(self.scheduler, "continuum_metrics", None)
@@ -377,8 +388,19 @@ class ReplayEngine:
                 raise SimulationStuck(f"a pin with deadline {deadline} is not released after it lapsed")
             last = deadline
             self._advance_to(max(self.now(), deadline - self._t0) + _EPS)
-            output = self.scheduler.schedule()
-            self.scheduler.update_from_output(output, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+            self._idle_step(self.scheduler.schedule())
+
+    def _idle_step(self, output: SchedulerOutput) -> None:
+        """A step that runs no model: the workers still run the step's
+        offload copies (a finished request's blocks are freed when its final
+        stores are reported)."""
+        runner_output = ModelRunnerOutput(req_ids=[], req_id_to_index={})
+        if self.offload_worker is not None:
+            io = self.offload_worker.step(output)
+            runner_output.kv_connector_output = io.connector_output
+            self.records.loaded_tokens += io.loaded_tokens
+            self.records.stored_tokens += io.stored_tokens
+        self.scheduler.update_from_output(output, runner_output)
 
     def free_blocks(self) -> tuple[int, int]:
         """(free, usable) KV blocks of the pool (the null block excluded)."""

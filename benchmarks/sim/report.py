@@ -44,6 +44,8 @@ class ArmSummary:
     pins_released_under_pressure: int  # pressure + cap
     makespan_s: float
     steps: int
+    loaded_tokens: int = 0  # KV reloaded from host memory (offload arms)
+    stored_tokens: int = 0
     gap_closed: float | None = None  # share of the fcfs→oracle mean-JCT gap
 
     def line(self) -> str:
@@ -54,7 +56,9 @@ class ArmSummary:
             f"hit={self.hit_share:.1%} (of {self.reusable_share:.1%} reusable) recomputed={self.recomputed_tokens} "
             f"busy={self.busy_fraction:.1%} preemptions={self.preemptions} pins={self.pins_created} "
             f"handoff={self.pins_handed_over} expired={self.pins_expired} "
-            f"pressure={self.pins_released_under_pressure}{gap}"
+            f"pressure={self.pins_released_under_pressure}"
+            + (f" reloaded={self.loaded_tokens} stored={self.stored_tokens}" if self.stored_tokens else "")
+            + gap
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -90,6 +94,8 @@ def summarize_run(arm: str, records: RunRecords) -> ArmSummary:
         pins_released_under_pressure=int(released.get("pressure", 0)) + int(released.get("cap", 0)),
         makespan_s=records.makespan_s,
         steps=records.steps,
+        loaded_tokens=records.loaded_tokens,
+        stored_tokens=records.stored_tokens,
     )
 
 
