@@ -29,9 +29,19 @@ PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
 RATES = "0.5,1,2"
 POOLS = "0.5,1,2"
 ARMS = "fcfs,continuum,context_serve,oracle"
+ARM_ORDER = ["fcfs", "continuum", "context_serve", "continuum-offload", "oracle"]
+LOW_RATE = 0.1  # sessions/min: a few sessions at a time
+OFFLOAD_GIB = 256.0  # simulate's --offload-gib default
 
 
 def run(argv: list[str]) -> None:
+    """``benchmarks.simulate`` with ``argv``, unless its --out already holds
+    the results of exactly this command (a rerun after an interruption)."""
+    out = argv[argv.index("--out") + 1]
+    done = os.path.join(out, "results.json")
+    if os.path.exists(done) and load(done).get("argv") == argv:
+        print(f"[sim_report] reusing {done}", file=sys.stderr)
+        return
     cmd = [sys.executable, "-m", "benchmarks.simulate", *argv]
     print("[sim_report] " + " ".join(cmd[1:]), file=sys.stderr)
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -46,10 +56,10 @@ def table(points: list[dict], key: str, key_header: str) -> list[str]:
     rows = [f"| {key_header} | policy | JCT mean s | JCT p90 s | TTFT mean s | hit share | recomputed Mtok "
             f"| pins (handoff / expired / pressure) | preempt | gap closed |",
             "|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"]
-    for p in sorted(points, key=lambda p: (p[key], ARMS.split(",").index(p["arm"]))):
+    for p in sorted(points, key=lambda p: (p[key], ARM_ORDER.index(p["arm"]))):
         gap = "" if p.get("gap_closed") is None else f"{p['gap_closed']:+.1%}"
         pins = (f"{p['pins_created']} ({p['pins_handed_over']} / {p['pins_expired']} / "
-                f"{p['pins_released_under_pressure']})" if p["arm"] in ("continuum", "context_serve") else "")
+                f"{p['pins_released_under_pressure']})" if p["arm"] in ("continuum", "context_serve", "continuum-offload") else "")
         rows.append(
             f"| {p[key]:g} | {p['arm']} | {p['jct_mean_s']:.1f} | {p['jct_p90_s']:.1f} | {p['ttft_mean_s']:.2f} "
             f"| {p['hit_share']:.1%} | {p['recomputed_tokens'] / 1e6:.1f} | {pins} | {p['preemptions']} | {gap} |"
@@ -75,8 +85,18 @@ def main() -> int:
         rate_points = load(os.path.join(rate_dir, "results.json"))["points"]
         fcfs = sorted((p for p in rate_points if p["arm"] == "fcfs"), key=lambda p: p["rate_per_min"])
         high = next((p["rate_per_min"] for p in fcfs if p["hit_share"] < 0.5), fcfs[-1]["rate_per_min"])
-        low = fcfs[0]["rate_per_min"]
         blocks = rate_points[0]["num_blocks"]
+        # Low load (the difference from FCFS) and the offload hybrid at the
+        # high load: points of their own.
+        low_dir = os.path.join(args.out, profile, "low")
+        low_cmd = [*common, "--policies", ARMS, "--rate", f"{LOW_RATE:g}", "--out", low_dir]
+        run(low_cmd)
+        low_points = load(os.path.join(low_dir, "results.json"))["points"]
+        off_dir = os.path.join(args.out, profile, "offload")
+        off_cmd = [*common, "--policies", "fcfs,continuum,continuum-offload,oracle", "--rate", f"{high:g}",
+                   "--out", off_dir]
+        run(off_cmd)
+        off_points = load(os.path.join(off_dir, "results.json"))["points"]
         pool_section: list[str] = []
         pool_cmd: list[str] = []
         if profile == PROFILES[0]:  # the crossover on the first profile only (time)
@@ -95,7 +115,8 @@ def main() -> int:
                 "",
             ]
         at = lambda r: [p for p in rate_points if p["rate_per_min"] == r]  # noqa: E731
-        lowp = {p["arm"]: p for p in at(low)}
+        low = LOW_RATE
+        lowp = {p["arm"]: p for p in low_points}
         diff = {a: (lowp[a]["jct_mean_s"] / lowp["fcfs"]["jct_mean_s"] - 1) for a in lowp}
         sections += [
             f"## {profile}",
@@ -109,7 +130,11 @@ def main() -> int:
             f"### Low load: {low:g} sessions/min (difference from FCFS in mean JCT: "
             + ", ".join(f"{a} {d:+.2%}" for a, d in diff.items() if a != "fcfs") + ")",
             "",
-            *table(at(low), "rate_per_min", "sessions/min"),
+            *table(low_points, "rate_per_min", "sessions/min"),
+            "",
+            f"### Pinning and host offload at {high:g} sessions/min ({OFFLOAD_GIB:g} GiB of host memory per GPU)",
+            "",
+            *table(off_points, "rate_per_min", "sessions/min"),
             "",
             "### Load sweep",
             "",
@@ -122,6 +147,8 @@ def main() -> int:
             "",
             "```",
             "python -m benchmarks.simulate " + " ".join(rate_cmd),
+            "python -m benchmarks.simulate " + " ".join(low_cmd),
+            "python -m benchmarks.simulate " + " ".join(off_cmd),
             *(["python -m benchmarks.simulate " + " ".join(pool_cmd)] if pool_cmd else []),
             "```",
             "",
