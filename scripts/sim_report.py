@@ -26,7 +26,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
-RATES = "0.5,1,2"
+# Load sweeps (sessions/min); 70B's is shorter for time.
+RATES = {"h100-llama8b": "0.5,1,2", "h100-llama70b-tp4": "0.5,1"}
 POOLS = "0.5,1,2"
 ARMS = "fcfs,continuum,context_serve,oracle"
 ARM_ORDER = ["fcfs", "continuum", "context_serve", "continuum-offload", "oracle"]
@@ -80,7 +81,7 @@ def main() -> int:
         rate_dir = os.path.join(args.out, profile, "rate")
         common = ["--profile", profile, "--step-model", args.step_model, "--seed", args.seed,
                   "--workers", args.workers]
-        rate_cmd = [*common, "--policies", ARMS, "--sweep-rate", RATES, "--out", rate_dir]
+        rate_cmd = [*common, "--policies", ARMS, "--sweep-rate", RATES[profile], "--out", rate_dir]
         run(rate_cmd)
         rate_points = load(os.path.join(rate_dir, "results.json"))["points"]
         fcfs = sorted((p for p in rate_points if p["arm"] == "fcfs"), key=lambda p: p["rate_per_min"])
