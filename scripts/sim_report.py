@@ -26,8 +26,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
-# Load sweeps (sessions/min); 70B's is shorter for time.
-RATES = {"h100-llama8b": "0.5,1,2", "h100-llama70b-tp4": "0.5,1"}
+# Load sweeps (sessions/min) per profile.
+RATES = {"h100-llama8b": "0.5,1,2", "h100-llama70b-tp4": "0.5,1,2"}
 POOLS = "0.5,1,2"
 ARMS = "fcfs,continuum,context_serve,oracle"
 ARM_ORDER = ["fcfs", "continuum", "context_serve", "continuum-offload", "oracle"]
