@@ -169,9 +169,9 @@ def main() -> int:
     header = [
         "# H100-scale replay of the Claude Code trace subset",
         "",
-        "Written by `python scripts/sim_report.py "
-        + (f"--step-model {args.step_model}" if args.step_model != "aiconfigurator" else "")
-        + "`; every figure below comes from the simulator's results.json files, none is copied by hand.",
+        "Written by `python scripts/sim_report.py"
+        + (f" --step-model {args.step_model}" if args.step_model != "aiconfigurator" else "")
+        + "` (arms run 2 at a time: `--workers 2`); every figure below comes from the simulator's results.json files, none is copied by hand.",
         f"Step model: `{args.step_model}` (see docs/step_models.md); workload: the 50 shipped sessions of",
         "benchmarks/data/claude_code_traces (main conversations, think time capped at 120 s, sessions end",
         "at the 128k context limit). Times are virtual seconds on the simulated GPU. Policies see the same",
