@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..workload import Job
+from ..workload import Job, _poisson_arrivals
 
 __all__ = [
     "Segment",
@@ -207,12 +207,12 @@ class TokenBook:
 
 
 def poisson_arrivals(n: int, per_s: float, seed: int) -> list[float]:
-    """``n`` arrival offsets of a Poisson process at ``per_s`` per second
-    (the first after its own gap), from ``default_rng([seed, 1])``."""
+    """``n`` arrival offsets of a Poisson process at ``per_s`` per second: the
+    A/B runner's own (``workload._poisson_arrivals``), so a trace replay and a
+    synthetic preset with one seed and rate arrive alike."""
     if not (per_s > 0 and math.isfinite(per_s)):
         raise ValueError(f"arrival rate must be a positive number, got {per_s!r}")
-    gaps = np.random.default_rng([seed, 1]).standard_exponential(n)
-    return (np.cumsum(gaps) / per_s).tolist()
+    return _poisson_arrivals(n, per_s, seed)
 
 
 # ----------------------------------------------------------------------
