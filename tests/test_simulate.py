@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -94,6 +95,36 @@ def test_job_hasher_gives_vllms_own_block_hashes() -> None:
     assert d.block_hashes == c.block_hashes
 
 
+def test_job_hasher_matches_vllm_over_edits_branches_and_decodes() -> None:
+    # A job's requests extend, edit mid-history, branch back to an older
+    # history and grow by decoded tokens: every hash must still be vLLM's.
+    init_none_hash(sha256)
+    rng = random.Random(3)
+    ours = JobHasher(16).for_job("job")
+    params = SamplingParams(max_tokens=1)
+    history = [rng.randrange(1000, 2000) for _ in range(300)]
+    older = list(history)
+    for i in range(40):
+        kind = rng.choice(["extend", "edit", "branch", "short"])
+        if kind == "extend":
+            history = history + [rng.randrange(1000, 2000) for _ in range(rng.randrange(1, 90))]
+        elif kind == "edit":
+            history = list(history)
+            history[rng.randrange(len(history))] += 1
+        elif kind == "branch":
+            history, older = older, history
+        else:
+            history = history[: rng.randrange(1, len(history))]
+        ref = Request(f"r{i}", history, params, None, 0.0, block_hasher=get_request_block_hasher(16, sha256))
+        got = Request(f"g{i}", history, params, None, 0.0, block_hasher=ours)
+        assert got.block_hashes == ref.block_hashes, (i, kind)
+        for _ in range(rng.randrange(0, 40)):  # decoded tokens, one at a time
+            token = rng.randrange(1000, 2000)
+            ref.append_output_token_ids(token)
+            got.append_output_token_ids(token)
+        assert got.block_hashes == ref.block_hashes, (i, kind, "decode")
+
+
 def test_next_turn_is_priced_with_its_cached_context(model_dir: str) -> None:
     # Two turns, nothing else running, a pool that never evicts: turn 1's
     # prefill computes only its new tokens, on top of turn 0's context.
@@ -156,6 +187,25 @@ def test_trace_sessions_become_jobs_with_their_prefix_structure() -> None:
         # Most turns extend the previous one (the trace's hash-id chains).
         extends = sum(job.reusable_tokens(k) > 0 for k in range(1, len(job.turns)))
         assert extends >= 0.8 * (len(job.turns) - 1)
+
+
+def test_prompt_ids_built_after_the_previous_turn_equal_a_fresh_build() -> None:
+    # The engine builds each turn's ids from its job's previous prompt; the
+    # shortcut must give exactly the ids of a build from nothing, also where
+    # a trace's prompt drops or rewrites its history.
+    sessions, _ = load_trace_dir(DEFAULT_TRACE_DIR)
+    jobs = jobs_from_traces(sessions[:8], [0.0] * 8, max_context_tokens=131072)
+    fresh, reused = TokenBook(), TokenBook()
+    rewrites = 0
+    for job in jobs:
+        prev = None
+        for k, turn in enumerate(job.turns):
+            ids = reused.prompt(turn.prompt, prev)
+            assert ids == fresh.prompt(turn.prompt), (job.job_id, k)
+            if prev is not None and job.reusable_tokens(k) < len(prev[1]):
+                rewrites += 1
+            prev = (turn.prompt, ids)
+    assert rewrites > 0  # the subset holds turns that do not extend their predecessor
 
 
 def test_cli_replays_the_shipped_traces_byte_identically(capsys: pytest.CaptureFixture[str], tmp_path) -> None:

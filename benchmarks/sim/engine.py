@@ -44,7 +44,7 @@ from vllm.v1.request import Request
 from vllm_continuum_plugin.clock import ManualClock
 
 from .batch import BatchShape, PrefillChunk
-from .jobs import SimJob, TokenBook
+from .jobs import Segment, SimJob, TokenBook
 
 if TYPE_CHECKING:
     from .offload import SimulatedOffloadWorker
@@ -115,11 +115,29 @@ class RunRecords:
         return {j: self.job_finish_s[j] - a for j, a in self.job_arrival_s.items() if j in self.job_finish_s}
 
 
+class _KnownBlocks:
+    """The full blocks of a job's latest hashed request: their tokens and
+    their hashes (``len(tokens) == len(hashes) * block_size``)."""
+
+    __slots__ = ("hashes", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.hashes: list[BlockHash] = []
+
+
 class JobHasher:
     """vLLM's block hashes (the same chain ``get_request_block_hasher``
-    computes), memoized per job: a turn re-sends its job's whole history, and
-    hashing 100k tokens each turn would dominate the run. A block's hash is a
-    function of its parent's hash and its tokens, so the memo is exact.
+    computes), reused along each job: a turn re-sends its job's whole history,
+    and hashing 100k tokens each turn would dominate the run.
+
+    Per job it keeps the full blocks of the request it hashed last. A new
+    request reuses the hashes of the longest run of those blocks whose tokens
+    it repeats, found by comparing token slices (one C-level comparison per
+    probe of a binary search, not a Python step per block), and hashes only
+    the blocks past it. A block's hash is a function of its parent's hash and
+    its tokens, so equal tokens from the start mean equal hashes: the reuse
+    is exact.
 
     Invariant: for every request, the hashes equal vLLM's own hasher's.
     """
@@ -127,33 +145,61 @@ class JobHasher:
     def __init__(self, block_size: int) -> None:
         init_none_hash(sha256)
         self.block_size = block_size
-        self._memo: dict[str, dict[tuple[BlockHash | None, tuple[int, ...]], BlockHash]] = {}
+        self._known: dict[str, _KnownBlocks] = {}
 
     def for_job(self, job_id: str) -> Callable[[Request], list[BlockHash]]:
-        memo = self._memo.setdefault(job_id, {})
+        known = self._known.setdefault(job_id, _KnownBlocks())
         size = self.block_size
 
         def hasher(request: Request) -> list[BlockHash]:
-            start = len(request.block_hashes) * size
+            first = len(request.block_hashes)  # blocks this request hashed already
+            full = request.num_tokens // size
+            if full <= first:
+                return []
             tokens = request.all_token_ids
-            parent = request.block_hashes[-1] if request.block_hashes else None
-            out: list[BlockHash] = []
-            while start + size <= request.num_tokens:
-                block = tuple(tokens[start : start + size])
-                key = (parent, block)
-                h = memo.get(key)
-                if h is None:
-                    h = hash_block_tokens(sha256, parent, block, None)
-                    memo[key] = h
-                out.append(h)
-                parent = h
-                start += size
+            parent = request.block_hashes[-1] if first else None
+            # The known blocks continue this request's chain only if they
+            # agree up to ``first`` (equal parent hash: equal history).
+            agrees = first <= len(known.hashes) and (first == 0 or known.hashes[first - 1] == parent)
+            reuse = first
+            if agrees:
+                reuse = _common_blocks(tokens, known.tokens, first, min(len(known.hashes), full), size)
+            else:
+                known.tokens = list(tokens[: first * size])
+                known.hashes = list(request.block_hashes)
+            out = known.hashes[first:reuse]
+            if out:
+                parent = out[-1]
+            for b in range(reuse, full):
+                parent = hash_block_tokens(sha256, parent, tuple(tokens[b * size : (b + 1) * size]), None)
+                out.append(parent)
+            if reuse < full:
+                # This request is now the job's known history.
+                del known.tokens[reuse * size :], known.hashes[reuse:]
+                known.tokens += tokens[reuse * size : full * size]
+                known.hashes += out[reuse - first :]
             return out
 
         return hasher
 
     def forget(self, job_id: str) -> None:
-        self._memo.pop(job_id, None)
+        self._known.pop(job_id, None)
+
+
+def _common_blocks(tokens: Sequence[int], known: list[int], lo: int, hi: int, size: int) -> int:
+    """The largest ``k`` in ``[lo, hi]`` with ``tokens`` and ``known`` equal on
+    blocks ``[lo, k)`` (given equal before ``lo``). Equality of a prefix is
+    monotone in its length, so a binary search over slice comparisons finds
+    it; the common case -- the whole known history repeated -- is one probe."""
+    if tokens[lo * size : hi * size] == known[lo * size : hi * size]:
+        return hi
+    while lo < hi:  # invariant: blocks [.., lo) equal, block hi - 1 or earlier differs
+        mid = (lo + hi + 1) // 2
+        if tokens[lo * size : mid * size] == known[lo * size : mid * size]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass
@@ -200,6 +246,7 @@ class ReplayEngine:
         self._events: list[tuple[float, int, int, int]] = []  # (time, seq, job, turn)
         self._seq = 0
         self._live: dict[str, _Live] = {}
+        self._prompts: dict[int, tuple[tuple[Segment, ...], list[int]]] = {}  # job -> its last prompt's ids
         self.records = RunRecords()
 
     # -- time ---------------------------------------------------------------
@@ -228,9 +275,11 @@ class ReplayEngine:
                 extra["tool_name"] = turn.tool_name
         params = SamplingParams(max_tokens=turn.output_tokens, ignore_eos=True, extra_args=extra)
         request_id = f"{job.job_id}#{turn_index}"
+        prompt = self.book.prompt(turn.prompt, self._prompts.get(job_index))
+        self._prompts[job_index] = (turn.prompt, prompt)
         request = Request(
             request_id=request_id,
-            prompt_token_ids=self.book.prompt(turn.prompt),
+            prompt_token_ids=prompt,
             sampling_params=params,
             pooling_params=None,
             arrival_time=self.clock.time(),
@@ -321,6 +370,7 @@ class ReplayEngine:
         else:
             self.records.job_finish_s[job.job_id] = now
             self.hasher.forget(job.job_id)
+            self._prompts.pop(live.job, None)
         if self.on_turn_finished is not None:
             self.on_turn_finished(live.record)
 

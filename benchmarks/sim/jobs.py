@@ -6,7 +6,7 @@ seconds after turn ``k-1`` finished (turn 0 at the job's ``arrival_s``); its
 prompt is a sequence of :class:`Segment` s -- content identified by a key and
 a length -- so that two prompts share a prefix exactly where they share
 segments. Token ids are made from the keys by :class:`TokenBook`, once per
-segment, deterministically (a seeded PCG64 stream per key), so the same job
+segment, deterministically (a SHAKE-128 stream per key), so the same job
 list always gives the same token ids in every process.
 
 Two sources:
@@ -32,6 +32,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -96,7 +97,7 @@ class SimTurn:
         if not (math.isfinite(self.think_s) and self.think_s >= 0):
             raise ValueError(f"SimTurn.think_s must be finite and >= 0, got {self.think_s!r}")
 
-    @property
+    @cached_property
     def prompt_tokens(self) -> int:
         return sum(s.length for s in self.prompt)
 
@@ -152,13 +153,23 @@ def _common_segment_prefix(a: Sequence[Segment], b: Sequence[Segment]) -> int:
     """Tokens that ``a`` and ``b`` share from the start (whole segments)."""
     n = 0
     for x, y in zip(a, b):
-        if x != y:
+        if x is not y and x != y:  # turns of a trace share Segment objects
             # Segments with one key share content up to the shorter one.
             if x.key == y.key:
                 n += min(x.length, y.length)
             break
         n += x.length
     return n
+
+
+def _token_stream(key: int, n: int) -> list[int]:
+    """The first ``n`` token ids of key ``key``'s stream: SHAKE-128 of the key
+    read as 32-bit words (an extendable output, so a shorter stream is a
+    prefix of a longer one), folded into the token range. Five times cheaper
+    than seeding a numpy generator per segment, which a replay does for every
+    64-token block of a trace."""
+    words = np.frombuffer(hashlib.shake_128(key.to_bytes(8, "little")).digest(4 * n), dtype=np.uint32)
+    return (words % (_TOKEN_HIGH - _TOKEN_LOW) + _TOKEN_LOW).tolist()
 
 
 class TokenBook:
@@ -175,15 +186,33 @@ class TokenBook:
     def tokens(self, segment: Segment) -> list[int]:
         have = self._cache.get(segment.key)
         if have is None or len(have) < segment.length:
-            rng = np.random.Generator(np.random.PCG64(segment.key))
-            have = rng.integers(_TOKEN_LOW, _TOKEN_HIGH, size=segment.length).tolist()
+            have = _token_stream(segment.key, segment.length)
             self._cache[segment.key] = have
         return have[: segment.length]
 
-    def prompt(self, segments: Iterable[Segment]) -> list[int]:
+    def prompt(
+        self, segments: Sequence[Segment], after: tuple[Sequence[Segment], list[int]] | None = None
+    ) -> list[int]:
+        """The token ids of ``segments``. ``after``: an earlier prompt's
+        segments and the ids this book gave them; the whole segments the two
+        share from the start are copied from its ids in one slice (a turn
+        re-sends its job's history). The result does not depend on
+        ``after``."""
         out: list[int] = []
-        for seg in segments:
-            out += self.tokens(seg)
+        skip = 0
+        if after is not None:
+            pos = 0
+            for x, y in zip(after[0], segments):
+                if x is not y and x != y:
+                    break
+                pos += x.length
+                skip += 1
+            out = after[1][:pos]
+        cache = self._cache
+        for seg in segments[skip:]:
+            have = cache.get(seg.key)
+            # A whole cached stream is appended without the copy tokens() makes.
+            out += have if have is not None and len(have) == seg.length else self.tokens(seg)
         return out
 
     def tokens_between(self, segments: Sequence[Segment], start: int, end: int) -> list[int]:
@@ -275,6 +304,10 @@ def jobs_from_traces(
         unit = unit_tokens or session.block_size
         scale = unit / session.block_size
         requests = session.main_requests()
+        # One Segment per hash id, shared by every turn that re-sends it: a
+        # session re-sends its history each turn (~1M block references in the
+        # shipped subset, ~60k distinct).
+        blocks: dict[int, Segment] = {}
         turns: list[SimTurn] = []
         prev_stop = ""
         for i, req in enumerate(requests):
@@ -282,7 +315,12 @@ def jobs_from_traces(
                 break
             full = len(req.hash_ids)
             rest = max(0, round((req.input_tokens - full * session.block_size) * scale))
-            prompt = [Segment(stable_key(session.session_id, h), unit) for h in req.hash_ids]
+            prompt = []
+            for h in req.hash_ids:
+                seg = blocks.get(h)
+                if seg is None:
+                    seg = blocks[h] = Segment(stable_key(session.session_id, h), unit)
+                prompt.append(seg)
             if rest:
                 prompt.append(Segment(stable_key(session.session_id, i, "tail"), rest))
             if not prompt:
