@@ -94,14 +94,19 @@ def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any =
     scheduler = build_scheduler(arm, _shape(settings), clock, num_blocks=blocks)
     worker = None
     if arm.offload:
-        from .sim.offload import SimulatedOffloadWorker
-        from .sim.step_model import pcie_transfer_seconds
         from .sim.batch import BatchShape
+        from .sim.offload import SimulatedNativeOffloadWorker, SimulatedOffloadWorker
+        from .sim.step_model import pcie_transfer_seconds
 
         profile = settings.profile
-        worker = SimulatedOffloadWorker(
-            profile.block_size, lambda tokens: pcie_transfer_seconds(profile, BatchShape(loaded_tokens=tokens)),
-        )
+
+        def copy_seconds(tokens: int) -> float:
+            return pcie_transfer_seconds(profile, BatchShape(loaded_tokens=tokens))
+
+        if arm.offload == "native":
+            worker = SimulatedNativeOffloadWorker(profile.block_size, copy_seconds, profile.kv_bytes_per_token_per_gpu())
+        else:
+            worker = SimulatedOffloadWorker(profile.block_size, copy_seconds)
     engine = ReplayEngine(
         scheduler, clock, settings.step_model, jobs, block_size=settings.profile.block_size,
         send_metadata=arm.is_plugin,

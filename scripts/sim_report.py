@@ -33,7 +33,10 @@ PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
 RATES = {"h100-llama8b": "0.5,1,2", "h100-llama70b-tp4": "0.5,1,2"}
 POOLS = "0.5,1,2"
 ARMS = "fcfs,continuum,context_serve,oracle"
-ARM_ORDER = ["fcfs", "continuum", "context_serve", "continuum-offload", "oracle"]
+OFFLOAD_ARMS = "continuum-offload,native-offload,continuum-native-offload"
+ARM_ORDER = ["fcfs", "continuum", "context_serve", "continuum-offload", "native-offload", "continuum-native-offload",
+             "oracle"]
+PIN_ARMS = ("continuum", "context_serve", "continuum-offload", "continuum-native-offload")
 LOW_RATE = 0.1  # sessions/min: a few sessions at a time
 LOW_SESSIONS = 20
 OFFLOAD_GIB = 256.0  # simulate's --offload-gib default
@@ -64,7 +67,7 @@ def table(points: list[dict], key: str, key_header: str) -> list[str]:
     for p in sorted(points, key=lambda p: (p[key], ARM_ORDER.index(p["arm"]))):
         gap = "" if p.get("gap_closed") is None else f"{p['gap_closed']:+.1%}"
         pins = (f"{p['pins_created']} ({p['pins_handed_over']} / {p['pins_expired']} / "
-                f"{p['pins_released_under_pressure']})" if p["arm"] in ("continuum", "context_serve", "continuum-offload") else "")
+                f"{p['pins_released_under_pressure']})" if p["arm"] in PIN_ARMS else "")
         rows.append(
             f"| {p[key]:g} | {p['arm']} | {p['jct_mean_s']:.1f} | {p['jct_p90_s']:.1f} | {p['ttft_mean_s']:.2f} "
             f"| {p['hit_share']:.1%} | {p['recomputed_tokens'] / 1e6:.1f} | {pins} | {p['preemptions']} | {gap} |"
@@ -101,7 +104,7 @@ def main() -> int:
         run(low_cmd)
         low_points = load(os.path.join(low_dir, "results.json"))["points"]
         off_dir = os.path.join(args.out, profile, "offload")
-        off_cmd = [*common, "--policies", "continuum-offload", "--rate", f"{high:g}", "--out", off_dir]
+        off_cmd = [*common, "--policies", OFFLOAD_ARMS, "--rate", f"{high:g}", "--out", off_dir]
         run(off_cmd)
         # Same jobs and arrivals as the load sweep's point at this rate: its
         # fcfs and oracle bound the offload arm's gap closed.
@@ -146,6 +149,12 @@ def main() -> int:
             *table(low_points, "rate_per_min", "sessions/min"),
             "",
             f"### Pinning and host offload at {high:g} sessions/min ({OFFLOAD_GIB:g} GiB of host memory per GPU)",
+            "",
+            "`continuum-offload`: the plugin's connector (stores what leaves a pin or a freed turn, synchronous",
+            "copies priced in the step); `native-offload`: vLLM's own `OffloadingConnector` as",
+            "`--kv-offloading-size` sets it up (write-through stores of every computed block, LRU host store,",
+            "asynchronous copies: a request waits for its load, compute does not), under the stock scheduler;",
+            "`continuum-native-offload`: the same under Continuum.",
             "",
             *table(off_points, "rate_per_min", "sessions/min"),
             "",

@@ -156,7 +156,7 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     jobs = pressured_jobs()
     model = RooflineStepModel(PROFILE)
     by_arm = {}
-    for arm in parse_arms("fcfs,continuum,context_serve,continuum-offload,oracle"):
+    for arm in parse_arms("fcfs,continuum,context_serve,continuum-offload,native-offload,continuum-native-offload,oracle"):
         first, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))  # asserts all blocks free
         again, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))
         assert first == again, arm.name
@@ -173,6 +173,15 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     assert offload.stored_tokens > 0 and offload.loaded_tokens > 0
     assert offload.hit_share > by_arm["continuum"].hit_share
     assert offload.recomputed_tokens < by_arm["continuum"].recomputed_tokens
+    # vLLM's own offloading (its real OffloadingConnectorScheduler and LRU
+    # CPU manager): every computed block is stored write-through, and what
+    # FCFS evicted is loaded back instead of recomputed.
+    native = by_arm["native-offload"]
+    assert native.pins_created == 0
+    assert native.stored_tokens > 0 and native.loaded_tokens > 0
+    assert native.hit_share > by_arm["fcfs"].hit_share
+    assert native.recomputed_tokens < by_arm["fcfs"].recomputed_tokens
+    assert by_arm["continuum-native-offload"].pins_created > 0
 
 
 def test_trace_sessions_become_jobs_with_their_prefix_structure() -> None:

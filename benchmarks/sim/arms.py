@@ -11,6 +11,13 @@ An :class:`Arm` names a scheduling policy and how the KV pool is sized:
   freed turn are stored in host memory and reloaded over PCIe instead of
   recomputed; its scheduler side runs unchanged, the copies are simulated
   (``offload``);
+* ``native-offload`` -- vLLM's stock scheduler with vLLM's own CPU
+  offloading, as ``--kv-offloading-size`` configures it (``OffloadingConnector``
+  over the stock ``CPUOffloadingSpec``: write-through stores of every
+  computed block, LRU host store, asynchronous loads); its scheduler side
+  runs unchanged, the asynchronous copies are simulated
+  (``offload.SimulatedNativeOffloadWorker``);
+* ``continuum-native-offload`` -- the same under the Continuum scheduler;
 * ``oracle`` -- the stock scheduler over a pool that never evicts (room for
   every block any turn computes): the bound that retention can reach,
   reported as such.
@@ -51,7 +58,11 @@ class Arm:
     policy: str
     unbounded_pool: bool = False
     continuum: tuple[tuple[str, Any], ...] = ()
-    offload: bool = False  # the plugin's CPU offload connector
+    offload: str = ""  # "" none, "plugin": ContinuumOffloadConnector, "native": vLLM's OffloadingConnector
+
+    def __post_init__(self) -> None:
+        if self.offload not in ("", "plugin", "native"):
+            raise ValueError(f"Arm {self.name!r}: offload must be '', 'plugin' or 'native', got {self.offload!r}")
 
     @property
     def is_plugin(self) -> bool:
@@ -62,7 +73,9 @@ ARMS: dict[str, Arm] = {
     "fcfs": Arm("fcfs", "fcfs"),
     "continuum": Arm("continuum", "continuum"),
     "context_serve": Arm("context_serve", "context_serve"),
-    "continuum-offload": Arm("continuum-offload", "continuum", offload=True),
+    "continuum-offload": Arm("continuum-offload", "continuum", offload="plugin"),
+    "native-offload": Arm("native-offload", "fcfs", offload="native"),
+    "continuum-native-offload": Arm("continuum-native-offload", "continuum", offload="native"),
     "oracle": Arm("oracle", "fcfs", unbounded_pool=True),
 }
 
@@ -134,9 +147,15 @@ def build_scheduler(arm: Arm, shape: EngineShape, clock: ManualClock, num_blocks
     if arm.offload:
         from vllm.config import KVTransferConfig
 
+        if arm.offload == "plugin":
+            connector, extra = "ContinuumOffloadConnector", {"cpu_bytes": int(shape.offload_bytes)}
+        else:
+            # What `--kv-offloading-size GIB --kv-offloading-backend native`
+            # sets (VllmConfig._post_init_kv_transfer_config); the stock
+            # spec's scheduler side needs no GPU.
+            connector, extra = "OffloadingConnector", {"cpu_bytes_to_use": int(shape.offload_bytes)}
         vllm_config.kv_transfer_config = KVTransferConfig(
-            kv_connector="ContinuumOffloadConnector", kv_role="kv_both",
-            kv_connector_extra_config={"cpu_bytes": int(shape.offload_bytes)},
+            kv_connector=connector, kv_role="kv_both", kv_connector_extra_config=extra,
         )
     spec = FullAttentionSpec(
         block_size=shape.block_size, num_kv_heads=shape.num_kv_heads, head_size=shape.head_size,

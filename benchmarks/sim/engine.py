@@ -47,13 +47,15 @@ from .batch import BatchShape, PrefillChunk
 from .jobs import Segment, SimJob, TokenBook
 
 if TYPE_CHECKING:
-    from .offload import SimulatedOffloadWorker
+    from .offload import OffloadWorker
     from .step_model import StepModel
 
 __all__ = ["JobHasher", "ReplayEngine", "RunRecords", "SimulationStuck", "TurnRecord"]
 
 # Seconds: two events this close are one (float sums of step times).
 _EPS = 1e-9
+# Idle steps that draining the offload copies may take before the run is stuck.
+_MAX_DRAIN_STEPS = 100_000
 
 
 class SimulationStuck(RuntimeError):
@@ -230,7 +232,7 @@ class ReplayEngine:
         block_size: int,
         send_metadata: bool = True,
         on_turn_finished: Callable[[TurnRecord], None] | None = None,
-        offload_worker: "SimulatedOffloadWorker | None" = None,
+        offload_worker: "OffloadWorker | None" = None,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
@@ -305,6 +307,10 @@ class ReplayEngine:
         deadline = pins.next_deadline() if pins_too and pins is not None else None
         if deadline is not None and deadline - self._t0 > self.now() + _EPS:
             times.append(deadline - self._t0)
+        # A copy completing can let a waiting request run (its prefix loaded).
+        copy = self.offload_worker.next_completion_s() if pins_too and self.offload_worker is not None else None
+        if copy is not None and copy > self.now() + _EPS:
+            times.append(copy)
         return min(times) if times else None
 
     # -- one step -----------------------------------------------------------
@@ -404,19 +410,25 @@ class ReplayEngine:
                 continue
             batch = self._batch(output)
             runner_output = self._runner_output(output)
+            stall_s = 0.0
             if self.offload_worker is not None:
-                io = self.offload_worker.step(output)
-                batch = dataclasses.replace(batch, loaded_tokens=io.loaded_tokens, stored_tokens=io.stored_tokens)
-                runner_output.kv_connector_output = io.connector_output
-                self.records.loaded_tokens += io.loaded_tokens
-                self.records.stored_tokens += io.stored_tokens
-            dt = self.step_model.step_seconds(batch)
+                copies = self.offload_worker.submit(output, self.now())
+                if copies.synchronous:
+                    batch = dataclasses.replace(batch, loaded_tokens=copies.loaded_tokens,
+                                                stored_tokens=copies.stored_tokens)
+                stall_s = copies.stall_s
+                self.records.loaded_tokens += copies.loaded_tokens
+                self.records.stored_tokens += copies.stored_tokens
+            dt = self.step_model.step_seconds(batch) + stall_s
             self.clock.advance(dt)
             self.records.steps += 1
             self.records.busy_s += dt
+            if self.offload_worker is not None:
+                runner_output.kv_connector_output = self.offload_worker.report(self.now())
             self._collect(sched.update_from_output(output, runner_output))
         self.records.makespan_s = self.now()
         self._drain_pins()
+        self._drain_copies()
         metrics = getattr(self.scheduler, "continuum_metrics", None)
         if metrics is not None:
             self.records.counters = {
@@ -440,16 +452,36 @@ class ReplayEngine:
             self._advance_to(max(self.now(), deadline - self._t0) + _EPS)
             self._idle_step(self.scheduler.schedule())
 
+    def _drain_copies(self) -> None:
+        """Run idle steps until the offload connector and its workers have no
+        copy left (vLLM's engine keeps stepping while the connector has
+        work: ``has_pending_push_work``), so the store and its counters are
+        final."""
+        worker = self.offload_worker
+        if worker is None:
+            return
+        connector = getattr(self.scheduler, "connector", None)
+        for _ in range(_MAX_DRAIN_STEPS):
+            nxt = worker.next_completion_s()
+            if nxt is None and not (connector is not None and connector.has_pending_push_work()):
+                return
+            if nxt is not None:
+                self._advance_to(max(self.now(), nxt))
+            self._idle_step(self.scheduler.schedule())
+        raise SimulationStuck(f"offload copies still pending after {_MAX_DRAIN_STEPS} idle steps")
+
     def _idle_step(self, output: SchedulerOutput) -> None:
         """A step that runs no model: the workers still run the step's
         offload copies (a finished request's blocks are freed when its final
-        stores are reported)."""
+        stores are reported; a flush stalls the clock)."""
         runner_output = ModelRunnerOutput(req_ids=[], req_id_to_index={})
         if self.offload_worker is not None:
-            io = self.offload_worker.step(output)
-            runner_output.kv_connector_output = io.connector_output
-            self.records.loaded_tokens += io.loaded_tokens
-            self.records.stored_tokens += io.stored_tokens
+            copies = self.offload_worker.submit(output, self.now())
+            if copies.stall_s > 0:
+                self.clock.advance(copies.stall_s)
+            runner_output.kv_connector_output = self.offload_worker.report(self.now())
+            self.records.loaded_tokens += copies.loaded_tokens
+            self.records.stored_tokens += copies.stored_tokens
         self.scheduler.update_from_output(output, runner_output)
 
     def free_blocks(self) -> tuple[int, int]:

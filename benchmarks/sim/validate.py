@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
             fit_output = open(fit_out_path, encoding="utf-8").read()
     fit_output = "\n".join(line for line in fit_output.splitlines()
                            if line.startswith(("#", "  ", "wrote")))
-    if fit_output and not os.path.exists(os.path.splitext(fit_path)[0] + ".txt"):
+    if ns.fit is None and ns.live_results is None:  # a fit made now: its report goes next to it
         with open(os.path.splitext(fit_path)[0] + ".txt", "w", encoding="utf-8") as fh:
             fh.write(fit_output)
     model = CpuStepModel.load(fit_path)
