@@ -22,7 +22,8 @@ from benchmarks.sim.cpu_fit import (
 )
 from benchmarks.sim.jobs import jobs_from_workload
 from benchmarks.sim.step_model import CpuStepModel
-from benchmarks.sim.validate import calibrated_jobs, compare, overhead_adjusted, ranking
+from benchmarks.sim.validate import (ScaledStepModel, calibrated_jobs, compare, live_step_factor, overhead_adjusted,
+                                     ranking, request_steps)
 from benchmarks.workload import Job, Turn
 
 SMOLLM_CONFIG = {
@@ -147,3 +148,24 @@ def test_compare_and_ranking():
     assert not got["rows"]["continuum"]["jct_ok"]
     assert got["rows"]["continuum"]["hit_points"] == pytest.approx(-12.0)
     assert not got["rows"]["continuum"]["hit_ok"]
+
+
+def test_request_steps_are_the_idle_engines_steps() -> None:
+    steps = request_steps(prompt=3000, cached=160, output=4, chunk=2048)
+    assert steps == [
+        BatchShape((PrefillChunk(2048, 160),), ()),
+        BatchShape((PrefillChunk(792, 2208),), ()),
+        BatchShape((), (3000,)), BatchShape((), (3001,)), BatchShape((), (3002,)),
+    ]
+
+
+def test_live_step_factor_is_measured_over_predicted() -> None:
+    model = CpuStepModel(c0=0.05, c_tok=0.001, c_attn=0.0, c_dec=0.0, c_kv=0.0)
+    # Two requests: 100 new tokens then 2 decodes -> 0.15 + 0.05 + 0.05 = 0.25 s each.
+    probe = {"engine_e2e_s": 0.30, "shapes": [[130, 30, 3], [130, 30, 3]]}
+    factor = live_step_factor(model, probe, chunk=2048)
+    assert factor == pytest.approx(1.2)
+    assert ScaledStepModel(model, factor).step_seconds(BatchShape((), (10,))) == pytest.approx(0.06)
+    assert live_step_factor(model, {"engine_e2e_s": 0.3}, chunk=2048) is None  # older records: no shapes
+    with pytest.raises(ValueError, match="step factor"):
+        ScaledStepModel(model, 0.0)

@@ -20,5 +20,10 @@ Modules, one concept each:
   presets, and the tokens their prompts are made of;
 * ``engine`` -- the replay loop;
 * ``arms`` -- the policies compared in one run;
-* ``report`` -- per-run summaries, sweeps and plots.
+* ``offload`` -- the offload connectors' workers in simulation (the
+  plugin's synchronous copies; vLLM's native ``OffloadingConnector``'s
+  asynchronous ones on the virtual clock);
+* ``report`` -- per-run summaries, sweeps and plots;
+* ``trace_stats``, ``cpu_fit``, ``validate`` -- trace statistics, the CPU
+  step-model fit and the validation against the live engine.
 """
