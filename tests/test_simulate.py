@@ -184,6 +184,19 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     assert by_arm["continuum-native-offload"].pins_created > 0
 
 
+def test_a_request_whose_load_completes_in_an_idle_step_is_scheduled(model_dir: str) -> None:
+    # A small pool under vLLM's native offloading: the engine goes idle while
+    # a turn's prefix loads; the load is reported in an idle step, and the
+    # turn must run at the next schedule(), not wait for an event that never
+    # comes (the run used to stop with SimulationStuck here).
+    sessions, _ = load_trace_dir(DEFAULT_TRACE_DIR)
+    arrivals = simulate.poisson_arrivals(6, 20 / 60.0, 7)
+    jobs = jobs_from_traces(sessions[:6], arrivals, max_turns=8, max_context_tokens=3000 * 16)
+    summary, _ = simulate.run_arm(ARMS["native-offload"], jobs, settings(model_dir, RooflineStepModel(PROFILE), 3000))
+    assert summary.turns == sum(len(j.turns) for j in jobs)
+    assert summary.loaded_tokens > 0
+
+
 def test_trace_sessions_become_jobs_with_their_prefix_structure() -> None:
     sessions, skipped = load_trace_dir(DEFAULT_TRACE_DIR)
     assert not skipped and len(sessions) >= 40

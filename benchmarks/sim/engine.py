@@ -45,6 +45,7 @@ from vllm_continuum_plugin.clock import ManualClock
 
 from .batch import BatchShape, PrefillChunk
 from .jobs import Segment, SimJob, TokenBook
+from .offload import OffloadCopies
 
 if TYPE_CHECKING:
     from .offload import OffloadWorker
@@ -56,6 +57,7 @@ __all__ = ["JobHasher", "ReplayEngine", "RunRecords", "SimulationStuck", "TurnRe
 _EPS = 1e-9
 # Idle steps that draining the offload copies may take before the run is stuck.
 _MAX_DRAIN_STEPS = 100_000
+_NO_COPIES = OffloadCopies()  # a step without an offload worker
 
 
 class SimulationStuck(RuntimeError):
@@ -117,25 +119,15 @@ class RunRecords:
         return {j: self.job_finish_s[j] - a for j, a in self.job_arrival_s.items() if j in self.job_finish_s}
 
 
-class _KnownBlocks:
-    """The full blocks of a job's latest hashed request: their tokens and
-    their hashes (``len(tokens) == len(hashes) * block_size``)."""
-
-    __slots__ = ("hashes", "tokens")
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.hashes: list[BlockHash] = []
-
-
 class JobHasher:
     """vLLM's block hashes (the same chain ``get_request_block_hasher``
     computes), reused along each job: a turn re-sends its job's whole history,
     and hashing 100k tokens each turn would dominate the run.
 
-    Per job it keeps the full blocks of the request it hashed last. A new
-    request reuses the hashes of the longest run of those blocks whose tokens
-    it repeats, found by comparing token slices (one C-level comparison per
+    Per job it keeps the request it hashed last (its token ids and block
+    hashes only ever grow, so they stay valid). A new request reuses the
+    hashes of the longest run of that request's blocks whose tokens it
+    repeats, found by comparing token slices (one C-level comparison per
     probe of a binary search, not a Python step per block), and hashes only
     the blocks past it. A block's hash is a function of its parent's hash and
     its tokens, so equal tokens from the start mean equal hashes: the reuse
@@ -147,11 +139,11 @@ class JobHasher:
     def __init__(self, block_size: int) -> None:
         init_none_hash(sha256)
         self.block_size = block_size
-        self._known: dict[str, _KnownBlocks] = {}
+        self._last: dict[str, Request] = {}  # job -> the request it hashed last
 
     def for_job(self, job_id: str) -> Callable[[Request], list[BlockHash]]:
-        known = self._known.setdefault(job_id, _KnownBlocks())
         size = self.block_size
+        last = self._last
 
         def hasher(request: Request) -> list[BlockHash]:
             first = len(request.block_hashes)  # blocks this request hashed already
@@ -160,35 +152,31 @@ class JobHasher:
                 return []
             tokens = request.all_token_ids
             parent = request.block_hashes[-1] if first else None
-            # The known blocks continue this request's chain only if they
-            # agree up to ``first`` (equal parent hash: equal history).
-            agrees = first <= len(known.hashes) and (first == 0 or known.hashes[first - 1] == parent)
+            out: list[BlockHash] = []
             reuse = first
-            if agrees:
-                reuse = _common_blocks(tokens, known.tokens, first, min(len(known.hashes), full), size)
-            else:
-                known.tokens = list(tokens[: first * size])
-                known.hashes = list(request.block_hashes)
-            out = known.hashes[first:reuse]
-            if out:
-                parent = out[-1]
+            prev = last.get(job_id)
+            if prev is not None and prev is not request:
+                known = prev.block_hashes
+                # Its blocks continue this request's chain only if the two
+                # agree up to ``first`` (equal parent hash: equal history).
+                if first <= len(known) and (first == 0 or known[first - 1] == parent):
+                    reuse = _common_blocks(tokens, prev.all_token_ids, first, min(len(known), full), size)
+                    out = known[first:reuse]
+                    if out:
+                        parent = out[-1]
             for b in range(reuse, full):
                 parent = hash_block_tokens(sha256, parent, tuple(tokens[b * size : (b + 1) * size]), None)
                 out.append(parent)
-            if reuse < full:
-                # This request is now the job's known history.
-                del known.tokens[reuse * size :], known.hashes[reuse:]
-                known.tokens += tokens[reuse * size : full * size]
-                known.hashes += out[reuse - first :]
+            last[job_id] = request
             return out
 
         return hasher
 
     def forget(self, job_id: str) -> None:
-        self._known.pop(job_id, None)
+        self._last.pop(job_id, None)
 
 
-def _common_blocks(tokens: Sequence[int], known: list[int], lo: int, hi: int, size: int) -> int:
+def _common_blocks(tokens: Sequence[int], known: Sequence[int], lo: int, hi: int, size: int) -> int:
     """The largest ``k`` in ``[lo, hi]`` with ``tokens`` and ``known`` equal on
     blocks ``[lo, k)`` (given equal before ``lo``). Equality of a prefix is
     monotone in its length, so a binary search over slice comparisons finds
@@ -295,22 +283,21 @@ class ReplayEngine:
         self._live[request_id] = _Live(job_index, turn_index, request, job.reply_tokens(turn_index, self.book), record)
         self.scheduler.add_request(request)
 
-    def _next_event_s(self, pins_too: bool) -> float | None:
-        """The next arrival, and with ``pins_too`` the next pin deadline still
-        ahead (what can free memory while requests wait). An idle engine need
-        not wake for a pin: the next ``schedule()`` releases every lapsed pin
-        before it admits anything."""
-        times = []
-        if self._events:
-            times.append(self._events[0][0])
-        pins = getattr(self.scheduler, "pins", None)
-        deadline = pins.next_deadline() if pins_too and pins is not None else None
-        if deadline is not None and deadline - self._t0 > self.now() + _EPS:
-            times.append(deadline - self._t0)
-        # A copy completing can let a waiting request run (its prefix loaded).
-        copy = self.offload_worker.next_completion_s() if pins_too and self.offload_worker is not None else None
-        if copy is not None and copy > self.now() + _EPS:
-            times.append(copy)
+    def _next_event_s(self, waiting: bool) -> float | None:
+        """The next arrival, and while requests ``waiting`` cannot be
+        scheduled also what can unblock them: the next pin deadline (frees
+        memory) and the next offload copy to complete (a loaded prefix). An
+        idle engine need not wake for either: the next ``schedule()`` releases
+        every lapsed pin before it admits anything, and a copy is reported by
+        the next step whenever it comes."""
+        times = [self._events[0][0]] if self._events else []
+        if waiting:
+            pins = getattr(self.scheduler, "pins", None)
+            deadline = pins.next_deadline() if pins is not None else None
+            copy = self.offload_worker.next_completion_s() if self.offload_worker is not None else None
+            for t in (None if deadline is None else deadline - self._t0, copy):
+                if t is not None and t > self.now() + _EPS:
+                    times.append(t)
         return min(times) if times else None
 
     # -- one step -----------------------------------------------------------
@@ -392,15 +379,18 @@ class ReplayEngine:
                 _, _, job, turn = heapq.heappop(self._events)
                 self._submit(job, turn)
             if not self._live:
-                nxt = self._next_event_s(pins_too=False)
+                nxt = self._next_event_s(waiting=False)
                 assert nxt is not None
                 self._advance_to(nxt)
                 continue
             output = sched.schedule()
             if output.total_num_scheduled_tokens == 0:
                 # Nothing fits: what frees memory or brings work is an event.
-                self._idle_step(output)
-                nxt = self._next_event_s(pins_too=True)
+                if self._idle_step(output):
+                    continue  # copies reported (a loaded prefix): the next schedule() may run it
+                if self._events and self._events[0][0] <= self.now() + _EPS:
+                    continue  # a flush's stall carried the clock past an arrival
+                nxt = self._next_event_s(waiting=True)
                 if nxt is None or nxt <= self.now() + _EPS:
                     raise SimulationStuck(
                         f"{len(self._live)} turns wait and nothing can be scheduled at t={self.now():.3f}s "
@@ -410,21 +400,15 @@ class ReplayEngine:
                 continue
             batch = self._batch(output)
             runner_output = self._runner_output(output)
-            stall_s = 0.0
-            if self.offload_worker is not None:
-                copies = self.offload_worker.submit(output, self.now())
-                if copies.synchronous:
-                    batch = dataclasses.replace(batch, loaded_tokens=copies.loaded_tokens,
-                                                stored_tokens=copies.stored_tokens)
-                stall_s = copies.stall_s
-                self.records.loaded_tokens += copies.loaded_tokens
-                self.records.stored_tokens += copies.stored_tokens
-            dt = self.step_model.step_seconds(batch) + stall_s
+            copies = self._start_copies(output)
+            if copies.synchronous and (copies.loaded_tokens or copies.stored_tokens):
+                batch = dataclasses.replace(batch, loaded_tokens=copies.loaded_tokens,
+                                            stored_tokens=copies.stored_tokens)
+            dt = self.step_model.step_seconds(batch) + copies.stall_s
             self.clock.advance(dt)
             self.records.steps += 1
             self.records.busy_s += dt
-            if self.offload_worker is not None:
-                runner_output.kv_connector_output = self.offload_worker.report(self.now())
+            self._report_copies(runner_output)
             self._collect(sched.update_from_output(output, runner_output))
         self.records.makespan_s = self.now()
         self._drain_pins()
@@ -470,19 +454,37 @@ class ReplayEngine:
             self._idle_step(self.scheduler.schedule())
         raise SimulationStuck(f"offload copies still pending after {_MAX_DRAIN_STEPS} idle steps")
 
-    def _idle_step(self, output: SchedulerOutput) -> None:
+    def _idle_step(self, output: SchedulerOutput) -> bool:
         """A step that runs no model: the workers still run the step's
         offload copies (a finished request's blocks are freed when its final
-        stores are reported; a flush stalls the clock)."""
+        stores are reported; a flush stalls the clock). Returns whether the
+        workers reported any copy done, which the scheduler acts on only in
+        its next ``schedule()``."""
         runner_output = ModelRunnerOutput(req_ids=[], req_id_to_index={})
-        if self.offload_worker is not None:
-            copies = self.offload_worker.submit(output, self.now())
-            if copies.stall_s > 0:
-                self.clock.advance(copies.stall_s)
-            runner_output.kv_connector_output = self.offload_worker.report(self.now())
-            self.records.loaded_tokens += copies.loaded_tokens
-            self.records.stored_tokens += copies.stored_tokens
+        copies = self._start_copies(output)
+        if copies.stall_s > 0:
+            self.clock.advance(copies.stall_s)
+        reported = self._report_copies(runner_output)
         self.scheduler.update_from_output(output, runner_output)
+        return reported
+
+    def _start_copies(self, output: SchedulerOutput) -> OffloadCopies:
+        """The offload copies the step that ``output`` schedules starts now
+        (none without an offload worker), counted in the records."""
+        if self.offload_worker is None:
+            return _NO_COPIES
+        copies = self.offload_worker.submit(output, self.now())
+        self.records.loaded_tokens += copies.loaded_tokens
+        self.records.stored_tokens += copies.stored_tokens
+        return copies
+
+    def _report_copies(self, runner_output: ModelRunnerOutput) -> bool:
+        """What the workers report with the step that ends now; whether they
+        report anything."""
+        if self.offload_worker is None:
+            return False
+        runner_output.kv_connector_output = self.offload_worker.report(self.now())
+        return runner_output.kv_connector_output is not None
 
     def free_blocks(self) -> tuple[int, int]:
         """(free, usable) KV blocks of the pool (the null block excluded)."""

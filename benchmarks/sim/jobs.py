@@ -149,17 +149,26 @@ class SimJob:
         return reply
 
 
-def _common_segment_prefix(a: Sequence[Segment], b: Sequence[Segment]) -> int:
-    """Tokens that ``a`` and ``b`` share from the start (whole segments)."""
-    n = 0
+def _shared_segments(a: Sequence[Segment], b: Sequence[Segment]) -> tuple[int, int]:
+    """The whole segments ``a`` and ``b`` share from the start: how many, and
+    their tokens."""
+    count = tokens = 0
     for x, y in zip(a, b):
         if x is not y and x != y:  # turns of a trace share Segment objects
-            # Segments with one key share content up to the shorter one.
-            if x.key == y.key:
-                n += min(x.length, y.length)
             break
-        n += x.length
-    return n
+        count += 1
+        tokens += x.length
+    return count, tokens
+
+
+def _common_segment_prefix(a: Sequence[Segment], b: Sequence[Segment]) -> int:
+    """Tokens that ``a`` and ``b`` share from the start: the whole segments,
+    then, of the first pair that differs, the shorter length if both have one
+    key (segments with one key share content up to the shorter one)."""
+    count, tokens = _shared_segments(a, b)
+    if count < min(len(a), len(b)) and a[count].key == b[count].key:
+        tokens += min(a[count].length, b[count].length)
+    return tokens
 
 
 def _token_stream(key: int, n: int) -> list[int]:
@@ -201,13 +210,8 @@ class TokenBook:
         out: list[int] = []
         skip = 0
         if after is not None:
-            pos = 0
-            for x, y in zip(after[0], segments):
-                if x is not y and x != y:
-                    break
-                pos += x.length
-                skip += 1
-            out = after[1][:pos]
+            skip, shared = _shared_segments(after[0], segments)
+            out = after[1][:shared]
         cache = self._cache
         for seg in segments[skip:]:
             have = cache.get(seg.key)

@@ -228,7 +228,3 @@ class SimulatedNativeOffloadWorker:
 
     def next_completion_s(self) -> float | None:
         return self._in_flight[0][0] if self._in_flight else None
-
-    def has_deferred(self) -> bool:
-        """Stores waiting for the next step to start."""
-        return bool(self._deferred_stores)
