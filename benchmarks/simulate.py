@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="host memory per GPU for the offload arms' KV store, GiB (default 256)")
     p.add_argument("--policies", default="fcfs,continuum,oracle",
                    help=f"comma-separated arms, from: {', '.join(ARMS)} (default fcfs,continuum,oracle)")
+    p.add_argument("--continuum-set", action="append", default=[], metavar="KEY=JSON",
+                   help="a setting for every plugin arm, as --additional-config's continuum section takes it "
+                        "(e.g. max_pinned_fraction=0.9); repeatable")
     p.add_argument("--seed", type=int, default=7)
     sweep = p.add_argument_group("sweeps (one table per point, a JSON and a plot in --out)")
     sweep.add_argument("--sweep-rate", type=_floats, help="arrival rates (jobs/min) to sweep")
@@ -263,6 +266,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arms simulated in parallel processes (default: the CPU count; results do not depend on it)")
     p.add_argument("--progress", action="store_true", help="progress bars on stderr (default: when stderr is a tty)")
     return p
+
+
+def _with_settings(arm: Arm, settings: list[str]) -> Arm:
+    """``arm`` with ``KEY=JSON`` plugin settings added (plugin arms only;
+    the settings are validated by the plugin's own config loader when the
+    scheduler is built)."""
+    import dataclasses
+    import json
+
+    if not arm.is_plugin:
+        return arm
+    extra: dict[str, Any] = dict(arm.continuum)
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--continuum-set expects KEY=JSON, got {item!r}")
+        try:
+            extra[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            extra[key.strip()] = value  # a bare string
+    return dataclasses.replace(arm, continuum=tuple(sorted(extra.items())))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         arms = parse_arms(args.policies)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    if args.continuum_set:
+        arms = [_with_settings(arm, args.continuum_set) for arm in arms]
     profile = PROFILES[args.profile]
     step_model = make_step_model(args.step_model, profile, cpu_fit_path=args.cpu_fit)
     show_progress = args.progress or sys.stderr.isatty()

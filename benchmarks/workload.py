@@ -67,6 +67,7 @@ __all__ = [
     "Turn",
     "Uniform",
     "WorkloadSpec",
+    "coding_agent_workload",
     "cpu_small_workload",
     "describe",
     "field_report_workload",
@@ -691,9 +692,54 @@ def fixed_workload(
     )
 
 
+# (key, command, weight, median s, sigma, output tokens) of a coding agent
+# at GPU scale: reads and searches most of the time, runs tests and scripts
+# often, installs now and then.
+_CODING_AGENT_MIX: tuple[tuple[str, str, float, float, float, tuple[int, int]], ...] = (
+    ("ls", "ls -la", 0.15, 0.2, 0.5, (100, 500)),
+    ("cat", "cat src/module.py", 0.30, 0.3, 0.5, (300, 1000)),
+    ("grep", "grep -rn pattern .", 0.20, 0.5, 0.6, (200, 800)),
+    ("python reproduce.py", "python reproduce.py", 0.15, 2.0, 0.7, (200, 700)),
+    ("python -m pytest", "python -m pytest -q", 0.15, 6.0, 0.6, (300, 1000)),
+    ("pip install", "pip install -e .", 0.05, 20.0, 0.5, (200, 600)),
+)
+
+
+def coding_agent_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: float = 1.0) -> WorkloadSpec:
+    """A Claude-Code-like coding agent at GPU scale (H100 simulations).
+
+    * A 6,000-token system prompt (tool schemas; with the simulator's
+      ``--shared-system`` every job shares it) and a 7,000-9,000-token task
+      (files the user attached), so the first context is ~14k tokens
+      (Claude Code traces: p50 first context ~20k).
+    * 16-24 turns (mean 20); replies of 100-200 tokens (mean 150).
+    * Tools log-normal between ~0.2 s and ~20 s at their medians: ls 0.2 s,
+      cat 0.3, grep 0.5, ``python reproduce.py`` 2, pytest 6,
+      ``pip install -e .`` 20 (weights 15/30/20/15/15/5 %); tool outputs of
+      a few hundred tokens (weighted mean ~550), so each turn adds ~700
+      tokens and a job ends near 28k.
+    """
+    tools = tuple(
+        ToolSpec(key, command, weight, LogNormal(median, sigma), outputs)
+        for key, command, weight, median, sigma, outputs in _CODING_AGENT_MIX
+    )
+    return WorkloadSpec(
+        name="coding-agent",
+        num_jobs=num_jobs,
+        jobs_per_s=jobs_per_s,
+        turns=(16, 24),
+        system_tokens=6000,
+        task_tokens=(7000, 9000),
+        output_tokens=(100, 200),
+        tools=tools,
+        tool_output_scale=tool_output_scale,
+    )
+
+
 # name -> factory(num_jobs, jobs_per_s, tool_output_scale=1.0) -> WorkloadSpec
 PRESETS: dict[str, Callable[..., WorkloadSpec]] = {
     "cpu-small": cpu_small_workload,
+    "coding-agent": coding_agent_workload,
     "field-report": field_report_workload,
     "fixed": fixed_workload,
     "heavy-tail": heavy_tail_workload,

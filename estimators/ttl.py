@@ -14,6 +14,21 @@ reload from an offload store). Cold start: fewer than ``cold_start_samples``
 samples in total -> ``default_ttl_s``; fewer for this tool -> the global
 distribution; otherwise the tool's own.
 
+``priced`` -- the same rule with the true price of holding. The paper
+charges a pin one second per second held, as if it stalled the whole
+engine; a pin holds only its blocks, and they cost others anything only
+when the pool is full. ``priced`` charges ``tau * hold_price`` with
+
+    hold_price = (the pin's blocks / the pool's blocks) * pool usage
+
+(``TTLContext.hold_price``, set by the scheduler), i.e. it maximises
+``P(tau, f) * (T * eta + R) / hold_price - tau``. So a 120k-token context
+waiting on an 8 s test run in a full pool (R ~ seconds, a third of the
+pool) is held through the test, a 2k-token chat that called a 20-minute
+tool is not (R ~ tens of ms, while the minutes cost the same rate), and an
+idle pool holds every pin up to the tool's observed return (soft pins give
+way the moment memory is needed). ``hold_price`` 1 is the paper's rule.
+
 ``fixed`` -- the released fork's rule, kept for comparison: pin for
 ``fixed_ttl_s`` when the tool's mean duration is at most ``fixed_ttl_s``
 (unknown tools count as fast), otherwise do not pin.
@@ -35,6 +50,7 @@ from .prefill import PrefillCostModel
 __all__ = [
     "CDFTTLPolicy",
     "FixedTTLPolicy",
+    "PricedTTLPolicy",
     "TTLContext",
     "TTLDecision",
     "TTLPolicy",
@@ -57,6 +73,10 @@ class TTLContext:
     # The job's client overhead per round trip (``RoundTripOverhead``): a TTL
     # from the tool's own expected duration adds it (see ``hint_ttl``).
     round_trip_s: float = 0.0
+    # What a second of holding costs, in seconds of the benefit's currency:
+    # the pin's share of the pool times how full the pool is (``priced``
+    # reads it; 1.0, the paper's charge, otherwise).
+    hold_price: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -113,13 +133,35 @@ class CDFTTLPolicy:
             key, samples, source = None, history.samples(None), "global"
         assert samples is not None
         rebuild = ctx.rebuild_seconds if ctx.rebuild_seconds is not None else self.prefill.seconds(ctx.context_tokens)
-        benefit = ctx.queueing_delay_s * ctx.eta + rebuild
+        benefit = self._benefit(ctx.queueing_delay_s * ctx.eta + rebuild, ctx)
         cache = self._caches.get(key)
         if cache is None or cache.version != samples.version:
             if cache is None and len(self._caches) >= 2 * self.history.max_tools + 2:
                 self._caches.clear()  # tool keys the history dropped
             cache = self._caches[key] = _DecisionCache(samples.version)
         return TTLDecision(cache.answer(samples.as_array(), benefit, self.max_ttl_s), source)
+
+    def _benefit(self, benefit_s: float, ctx: TTLContext) -> float:
+        """The paper's rule: a second held costs a second."""
+        return benefit_s
+
+
+# The smallest hold price ``priced`` divides by: an empty pool makes holding
+# free, and any price below this already makes every sample up to
+# ``max_ttl_s`` worth waiting for (benefits are seconds, samples at most an
+# hour), so the floor changes no decision; it only keeps the quotient finite.
+MIN_HOLD_PRICE = 1e-6
+
+
+class PricedTTLPolicy(CDFTTLPolicy):
+    """The CDF rule with holding priced by the pool (see module docstring):
+    ``argmax P(tau) * benefit - tau * hold_price``, solved as the paper's
+    rule on ``benefit / hold_price`` (same argmax)."""
+
+    name = "priced"
+
+    def _benefit(self, benefit_s: float, ctx: TTLContext) -> float:
+        return benefit_s / max(ctx.hold_price, MIN_HOLD_PRICE)
 
 
 class _DecisionCache:
@@ -259,8 +301,10 @@ def make_ttl_policy(
     fixed_ttl_s: float,
     cold_start_samples: int,
 ) -> TTLPolicy:
+    if name == "priced":
+        return PricedTTLPolicy(history, prefill, default_ttl_s, max_ttl_s, cold_start_samples)
     if name == "cdf":
         return CDFTTLPolicy(history, prefill, default_ttl_s, max_ttl_s, cold_start_samples)
     if name == "fixed":
         return FixedTTLPolicy(history, fixed_ttl_s)
-    raise ValueError(f"unknown ttl_policy {name!r}; expected 'cdf' or 'fixed'")
+    raise ValueError(f"unknown ttl_policy {name!r}; expected 'priced', 'cdf' or 'fixed'")

@@ -17,6 +17,7 @@ from vllm_continuum_plugin.estimators.round_trip import RoundTripOverhead
 from vllm_continuum_plugin.estimators.ttl import (
     CDFTTLPolicy,
     FixedTTLPolicy,
+    PricedTTLPolicy,
     TTLContext,
     best_tau,
     make_ttl_policy,
@@ -104,6 +105,48 @@ def test_cdf_policy_cold_start_then_global_then_per_tool():
         h.record("ls", 0.1)
     d = policy.decide(ctx)
     assert d.source == "tool" and d.ttl_s == pytest.approx(0.1)
+
+
+def _priced_case(ttl_policy_cls):
+    """An H100-like rebuild rate (30k prefill tokens/s), a pool of 27,040
+    blocks of 16 tokens 90% full, tests of 6-10 s and a 20-minute tool."""
+    h = ToolDurationHistory()
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        h.record("pytest", float(rng.uniform(6.0, 10.0)))
+        h.record("train", float(rng.uniform(1100.0, 1300.0)))
+    policy = ttl_policy_cls(h, PrefillCostModel(1 / 30_000, 0.01), 2.0, 3600.0, 10)
+    pool, usage = 27_040, 0.9
+
+    def ctx(tool, tokens, used=usage):
+        return TTLContext(tool, tokens, queueing_delay_s=0.0, eta=0.0, hold_price=tokens / 16 / pool * used)
+
+    return policy, ctx
+
+
+def test_priced_rule_holds_a_big_context_through_a_test_run_and_drops_a_chat_on_a_long_tool():
+    policy, ctx = _priced_case(PricedTTLPolicy)
+    # 120k tokens (4 s to rebuild, a quarter of the pool) waiting on a test:
+    # held until the test has surely returned.
+    held = policy.decide(ctx("pytest", 120_000))
+    assert held.ttl_s >= 9.5 and held.source == "tool"
+    # 2k tokens (0.08 s to rebuild) behind a 20-minute tool: not held, even
+    # with a max TTL that would allow it.
+    assert policy.decide(ctx("train", 2_000)).ttl_s == 0.0
+    # An idle pool prices holding at nothing: hold up to the tool's return.
+    assert policy.decide(ctx("train", 2_000, used=0.0)).ttl_s >= 1250.0
+
+
+def test_paper_rule_charges_a_second_per_second_and_drops_the_big_context():
+    """What ``priced`` fixes: the paper's rule weighs a held second against
+    the rebuild as if the pin stalled the engine, so 4 s of rebuild never
+    buys 8 s of holding."""
+    policy, ctx = _priced_case(CDFTTLPolicy)
+    assert policy.decide(ctx("pytest", 120_000)).ttl_s == 0.0
+    assert make_ttl_policy(
+        "priced", ToolDurationHistory(), PrefillCostModel(), default_ttl_s=2, max_ttl_s=60, fixed_ttl_s=2,
+        cold_start_samples=1,
+    ).name == "priced"
 
 
 def test_fixed_policy_is_the_forks_rule():

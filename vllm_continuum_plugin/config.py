@@ -19,7 +19,7 @@ __all__ = ["ContinuumConfig", "ENV_PREFIX", "load_config"]
 
 ENV_PREFIX = "CONTINUUM_"
 ADDITIONAL_CONFIG_SECTION = "continuum"
-TTL_POLICIES = ("cdf", "fixed")
+TTL_POLICIES = ("priced", "cdf", "fixed")
 MAX_TTL_LIMIT_S = 86400.0
 # mini-swe-agent's, SWE-agent's, OpenHands', Cline's and Codex-style finish actions.
 DEFAULT_FINISH_ACTIONS = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT|submit|finish|attempt_completion|task_complete"
@@ -32,9 +32,11 @@ class ContinuumConfig:
     Each field's comment is what README's configuration table repeats.
     """
 
-    # TTL rule: "cdf" (paper: empirical CDF of tool durations) or "fixed"
-    # (released fork: fixed_ttl_s if the tool's mean <= fixed_ttl_s).
-    ttl_policy: str = "cdf"
+    # TTL rule: "priced" (the paper's CDF rule with holding priced by the
+    # pin's share of the pool times its usage), "cdf" (the paper's rule as
+    # published) or "fixed" (released fork: fixed_ttl_s if the tool's mean
+    # <= fixed_ttl_s).
+    ttl_policy: str = "priced"
     # TTL used before cold_start_samples tool durations have been measured.
     default_ttl_s: float = 2.0
     # Upper bound on any TTL.

@@ -427,6 +427,7 @@ class ContinuumSchedulerMixin:
                 eta=self.turn_correlation.eta(),
                 rebuild_seconds=self._rebuild_seconds(request),
                 round_trip_s=self.round_trip.margin(job),
+                hold_price=self._hold_price(request),
             ),
         )
         if job is not None:  # measured against the next arrival
@@ -508,6 +509,18 @@ class ContinuumSchedulerMixin:
             self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))
         else:
             self._free_cow_retained_blocks(blocks[::-1], fence)  # type: ignore[attr-defined]
+
+    def _hold_price(self, request: Request) -> float:
+        """What a second of holding ``request``'s context costs the others:
+        its share of the pool (the hashed blocks a pin would keep) times
+        how full the pool is now (blocks neither free nor evictable: running
+        requests and pins). An idle pool makes holding free; a full one
+        charges a pin its share of the memory."""
+        pool = self.kv_cache_manager.block_pool
+        usable = max(1, pool.num_gpu_blocks - 1)
+        blocks = min(len(request.block_hashes), request.num_tokens // self.block_size)
+        usage = 1.0 - pool.get_num_free_blocks() / usable
+        return (blocks / usable) * min(1.0, max(0.0, usage))
 
     def _rebuild_seconds(self, request: Request) -> float | None:
         """With an offload connector, rebuilding the context costs a reload
