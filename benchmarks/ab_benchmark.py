@@ -132,7 +132,9 @@ ARMS: dict[str, Arm] = {
     # An unchanged agent: no job id, no last-step flag, native tool calls.
     "continuum-untagged": Arm("continuum", tagged=False),
     "continuum-fixed": Arm("continuum", ("--additional-config", '{"continuum": {"ttl_policy": "fixed"}}')),
-    "continuum-paper": Arm("continuum", ("--additional-config", '{"continuum": {"ttl_policy": "cdf"}}')),
+    "continuum-paper": Arm(
+        "continuum", ("--additional-config", '{"continuum": {"ttl_policy": "cdf", "admission": false}}')
+    ),
     "context_serve": Arm("context_serve"),
     "oracle": Arm("fcfs", oracle=True),
 }

@@ -699,7 +699,7 @@ _CODING_AGENT_MIX: tuple[tuple[str, str, float, float, float, tuple[int, int]], 
     ("ls", "ls -la", 0.15, 0.2, 0.5, (100, 500)),
     ("cat", "cat src/module.py", 0.30, 0.3, 0.5, (300, 1000)),
     ("grep", "grep -rn pattern .", 0.20, 0.5, 0.6, (200, 800)),
-    ("python reproduce.py", "python reproduce.py", 0.15, 2.0, 0.7, (200, 700)),
+    ("python <script>", "python reproduce.py", 0.15, 2.0, 0.7, (200, 700)),
     ("python -m pytest", "python -m pytest -q", 0.15, 6.0, 0.6, (300, 1000)),
     ("pip install", "pip install -e .", 0.05, 20.0, 0.5, (200, 600)),
 )

@@ -56,6 +56,10 @@ class ContinuumConfig:
     job_idle_reset_s: float = 300.0
     # Largest share of the KV pool that pins may hold (0 < x <= 1).
     max_pinned_fraction: float = 0.5
+    # Admission: hold a new job's first turn while the contexts of the jobs
+    # under way fill the KV pool (at most job_priority_window_s; off with a
+    # KV connector, whose tier the pool bound does not count).
+    admission: bool = True
     # Samples kept per tool key (and globally) for the CDF.
     history_max_samples: int = 4096
     # Tool keys kept (least recently used dropped).

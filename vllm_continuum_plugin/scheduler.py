@@ -59,6 +59,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+from .admission import AdmissionGate
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, TurnCountCorrelation
@@ -185,15 +186,25 @@ class ContinuumSchedulerMixin:
             free_blocks=self._free_after_fence,
         )
         self.soft_pins = SoftPins(self, self.pins, self.order)
+        self.admission: AdmissionGate | None = None
+        if cfg.admission and self.pinning_enabled and self.connector is None:
+            self.admission = AdmissionGate(
+                capacity_blocks=max(1, usable_blocks),
+                block_size=self.block_size,
+                quiet_after_s=cfg.max_ttl_s,
+                max_wait_s=cfg.job_priority_window_s,
+                rank=self.order.queue_key,
+            )
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s "
-            "prefix_caching=%s max_pinned_blocks=%d implicit_jobs=%s%s",
+            "prefix_caching=%s max_pinned_blocks=%d implicit_jobs=%s admission=%s%s",
             self.continuum_policy,
             cfg.ttl_policy,
             type(self).__name__,
             self.pinning_enabled,
             self.max_pinned_blocks,
             self.implicit_jobs is not None,
+            self.admission is not None,
             f" decider={type(self.decider).__name__}",
         )
         if not self.pinning_enabled:
@@ -288,11 +299,15 @@ class ContinuumSchedulerMixin:
             self.decider.observe(job.last_call, measured)
             self.continuum_metrics.on_tool_time(measured, job.last_predicted_s)
         self._waiting_by_job.setdefault(meta.job_id, set()).add(request)
+        if self.admission is not None and job.turns_finished == 0 and job.in_flight == 1:
+            self.admission.on_first_turn(request)
 
     def _forget_waiting(self, request: Request) -> None:
         job_id = request_meta(request).job_id
         if job_id is None:
             return
+        if self.admission is not None:
+            self.admission.forget(request)
         waiting = self._waiting_by_job.get(job_id)
         if waiting is not None:
             waiting.discard(request)
@@ -310,7 +325,14 @@ class ContinuumSchedulerMixin:
         if self._running_order_dirty:
             self._order_running_for_preemption()
             self._running_order_dirty = False
-        output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        gate = self.admission
+        if gate is not None:
+            gate.hold_back(self.waiting, bool(self.running), self.clock.time(), self.clock.time())
+        try:
+            output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            if gate is not None:
+                gate.restore(self.waiting)
         if output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids:
             self._running_order_dirty = True
             self._after_admission(output)
@@ -336,6 +358,8 @@ class ContinuumSchedulerMixin:
             job_id = request_meta(request).job_id
             if job_id is None:
                 continue
+            if self.admission is not None:
+                self.admission.on_admitted(job_id, request)
             if self.offload is not None:
                 # This turn's reload (if any) was planned in this step; the
                 # store's entries of the job are plain LRU entries from now.
@@ -405,6 +429,8 @@ class ContinuumSchedulerMixin:
             return
         tool_key = call.tool_key if call is not None else NO_TOOL_KEY
         job = self.jobs.on_finish(job_id, self.clock.time(), tool_key, counted=True)
+        if self.admission is not None:
+            self.admission.on_turn_finished(job_id, request, self.clock.time())
         if job is not None:  # set again below when this turn is decided
             job.last_predicted_s = job.last_tool_s = None
         if self.implicit_jobs is not None and is_implicit_job(job_id):
@@ -470,6 +496,8 @@ class ContinuumSchedulerMixin:
                 self.turn_correlation.add_job(job.turns_finished)
             self.jobs.forget(job_id)
             self.continuum_metrics.on_job_end(last)
+        if self.admission is not None:
+            self.admission.on_job_end(job_id)
         if self.implicit_jobs is not None:
             # An aborted implicit turn is not retried by prefix: its job ends too.
             self.implicit_jobs.forget(job_id)

@@ -6,9 +6,9 @@ An :class:`Arm` names a scheduling policy and how the KV pool is sized:
   blocks stay in the prefix cache until something else needs them);
 * ``continuum`` / ``context_serve`` -- the plugin's schedulers (pins with a
   TTL, job-aware queue and preemption, soft pins);
-* ``continuum-paper`` -- Continuum with the paper's TTL rule as published
-  (``ttl_policy = "cdf"``: a second held costs a second), the rule the
-  default ``priced`` one replaced;
+* ``continuum-paper`` -- Continuum as the paper has it: its TTL rule as
+  published (``ttl_policy = "cdf"``: a second held costs a second) and no
+  admission gate, what the defaults (``priced``, ``admission``) replaced;
 * ``continuum-offload`` -- Continuum with the plugin's CPU offload connector
   (``ContinuumOffloadConnector``): blocks leaving a pin (TTL, pressure) or a
   freed turn are stored in host memory and reloaded over PCIe instead of
@@ -76,7 +76,7 @@ ARMS: dict[str, Arm] = {
     "fcfs": Arm("fcfs", "fcfs"),
     "continuum": Arm("continuum", "continuum"),
     "context_serve": Arm("context_serve", "context_serve"),
-    "continuum-paper": Arm("continuum-paper", "continuum", continuum=(("ttl_policy", "cdf"),)),
+    "continuum-paper": Arm("continuum-paper", "continuum", continuum=(("admission", False), ("ttl_policy", "cdf"))),
     "continuum-offload": Arm("continuum-offload", "continuum", offload="plugin"),
     "native-offload": Arm("native-offload", "fcfs", offload="native"),
     "continuum-native-offload": Arm("continuum-native-offload", "continuum", offload="native"),

@@ -1,0 +1,132 @@
+"""The admission gate on a real vLLM Scheduler and block pool.
+
+A new job's first turn waits while the contexts of the jobs under way fill
+the pool; a job's later turns and requests without a job id never wait; a
+held turn passes when it is overdue, when the jobs under way go quiet or
+end, and whenever nothing runs. Time is the scheduler's manual clock.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.request import RequestStatus
+
+from harness import free_blocks, make_request, make_scheduler, prompt_of, run_until_finished, step, usable_blocks
+from test_scheduler import BLOCK, assert_all_blocks_free, first_turn, next_turn_prompt
+
+# 64 blocks of 16 tokens: 63 usable. Job "a" leaves a 40-block context; a new
+# job with a 30-block prompt does not fit beside it.
+POOL = 64
+A_TOKENS = 40 * BLOCK - 8
+NEW_TOKENS = 30 * BLOCK
+
+
+def _gated(continuum=None):
+    """Job "a" in a tool gap whose pin has lapsed (TTL 1 s, 1.5 s passed):
+    its context is only in vLLM's prefix cache, where any allocation may
+    evict it. Pins themselves already keep a newer job's first turn out
+    (soft pins: a waiting request takes only later jobs' pins); the gate
+    covers the context no pin holds."""
+    settings = {"default_ttl_s": 1.0, **(continuum or {})}
+    s = make_scheduler(num_blocks=POOL, max_num_seqs=4, continuum=settings)
+    prompt, r1 = first_turn(s, "a", length=A_TOKENS)
+    s.clock.advance(1.5)
+    step(s)
+    assert "a" not in s.pins
+    # Chat traffic keeps the engine busy (never held: no job id).
+    chat = make_request(prompt_of(500, 2 * BLOCK), max_tokens=200)
+    s.add_request(chat)
+    step(s)
+    newcomer = make_request(prompt_of(600, NEW_TOKENS), max_tokens=4, job_id="b", is_last_step=True)
+    s.add_request(newcomer)
+    return s, prompt, r1, chat, newcomer
+
+
+def _scheduled(s, request) -> bool:
+    return request.num_computed_tokens > 0
+
+
+def test_a_new_job_waits_while_the_job_under_way_fills_the_pool_and_its_next_turn_hits():
+    s, prompt, r1, chat, newcomer = _gated()
+    for _ in range(5):
+        step(s)
+    assert not _scheduled(s, newcomer) and newcomer in s.waiting
+    assert s.admission.held_total >= 5
+    # Job "a" comes back from its tool: its turn is never held and finds its
+    # whole context still cached.
+    r2 = make_request(next_turn_prompt(prompt, r1), max_tokens=4, job_id="a", is_last_step=True)
+    s.add_request(r2)
+    output = step(s)
+    new = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
+    assert new[r2.request_id] == (A_TOKENS + 4 - 1) // BLOCK * BLOCK
+    run_until_finished(s, [r2])
+    # Job "a" ended: the newcomer passes.
+    run_until_finished(s, [newcomer, chat])
+    assert_all_blocks_free(s)
+
+
+def test_a_held_first_turn_passes_once_overdue():
+    s, _, _, chat, newcomer = _gated({"job_priority_window_s": 30.0})
+    step(s)
+    assert not _scheduled(s, newcomer)
+    s.clock.advance(30.0)
+    step(s)
+    assert _scheduled(s, newcomer)
+    run_until_finished(s, [newcomer, chat])
+    s.clock.advance(3600.0)
+    step(s)
+    assert_all_blocks_free(s)
+
+
+def test_a_job_quiet_longer_than_any_ttl_stops_holding_the_gate():
+    s, _, _, chat, newcomer = _gated({"max_ttl_s": 10.0})
+    step(s)
+    assert not _scheduled(s, newcomer)
+    s.clock.advance(10.5)
+    step(s)
+    assert _scheduled(s, newcomer)
+    run_until_finished(s, [newcomer, chat])
+    assert_all_blocks_free(s)
+
+
+def test_an_idle_engine_admits_the_held_turn():
+    s = make_scheduler(num_blocks=POOL, max_num_seqs=4)
+    first_turn(s, "a", length=A_TOKENS)
+    newcomer = make_request(prompt_of(600, NEW_TOKENS), max_tokens=4, job_id="b", is_last_step=True)
+    s.add_request(newcomer)
+    step(s)  # nothing runs: the gate must not idle the engine
+    assert _scheduled(s, newcomer)
+    run_until_finished(s, [newcomer])
+    s.clock.advance(3600.0)
+    step(s)
+    assert_all_blocks_free(s)
+
+
+def test_without_the_gate_the_newcomer_evicts_the_job_under_way():
+    """What the gate prevents: admitted at once, the new job's prompt
+    evicts part of job "a"'s cached context, which its next turn rebuilds."""
+    s, prompt, r1, chat, newcomer = _gated({"admission": False})
+    assert s.admission is None
+    step(s)
+    assert _scheduled(s, newcomer)
+    run_until_finished(s, [newcomer])
+    r2 = make_request(next_turn_prompt(prompt, r1), max_tokens=4, job_id="a", is_last_step=True)
+    s.add_request(r2)
+    output = step(s)
+    new = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
+    # vLLM evicts a freed request's tail blocks first: the prefix survives,
+    # the rest is rebuilt (the gated run above hits every block).
+    assert new[r2.request_id] <= (A_TOKENS + 4 - 1) // BLOCK * BLOCK - 8 * BLOCK
+    run_until_finished(s, [r2, chat])
+    assert free_blocks(s) == usable_blocks(s)
+
+
+def test_an_aborted_held_turn_leaves_no_trace():
+    s, _, _, chat, newcomer = _gated()
+    step(s)
+    s.finish_requests([newcomer.request_id], RequestStatus.FINISHED_ABORTED)
+    step(s)
+    assert newcomer.request_id not in s.requests and not s.admission._new
+    run_until_finished(s, [chat])
+    s.clock.advance(3600.0)
+    step(s)
+    assert_all_blocks_free(s)
