@@ -36,6 +36,7 @@ the duration of one ``schedule()`` call (:meth:`hold_back` before it,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -67,11 +68,19 @@ class AdmissionGate:
         self._new: dict[str, Request] = {}  # request id -> a waiting first turn
         self._held: list[Request] = []
         self.held_total = 0  # first turns held back in a step (a turn held for k steps counts k)
+        # The last decision, reused while nothing it depends on changed: the
+        # reports above (version), whether anything runs, and the clock
+        # before the next job goes quiet or held turn becomes overdue.
+        self._version = 0
+        self._decided: tuple[int, bool] | None = None
+        self._decision: list[Request] = []
+        self._valid_until = -math.inf
 
     # -- what the scheduler reports ------------------------------------------
     def on_first_turn(self, request: Request) -> None:
         """A new job's first turn is waiting."""
         self._new[request.request_id] = request
+        self._version += 1
 
     def on_admitted(self, job_id: str, request: Request) -> None:
         """A turn of ``job_id`` was scheduled: the job is under way, with its
@@ -80,54 +89,74 @@ class AdmissionGate:
         blocks = request.num_prompt_tokens // self.block_size
         old = self._jobs.get(job_id)
         self._jobs[job_id] = (max(blocks, old[0] if old else 0), None)
+        self._version += 1
 
     def on_turn_finished(self, job_id: str, request: Request, now: float) -> None:
         """A non-final turn finished: the job waits on its tool with this context."""
         if job_id in self._jobs:
             self._jobs[job_id] = (request.num_tokens // self.block_size, now)
+            self._version += 1
 
     def on_job_end(self, job_id: str) -> None:
-        self._jobs.pop(job_id, None)
+        if self._jobs.pop(job_id, None) is not None:
+            self._version += 1
 
     def forget(self, request: Request) -> None:
         """A waiting first turn left without being admitted (aborted)."""
-        self._new.pop(request.request_id, None)
+        if self._new.pop(request.request_id, None) is not None:
+            self._version += 1
 
     # -- the gate --------------------------------------------------------------
     def demand_blocks(self, now: float) -> int:
         """Footprints of the jobs under way; drops jobs quiet for too long."""
         total = 0
-        quiet = [j for j, (_, t) in self._jobs.items() if t is not None and now - t > self.quiet_after_s]
+        quiet = [j for j, (_, t) in self._jobs.items() if t is not None and now - t >= self.quiet_after_s]
         for job_id in quiet:
             del self._jobs[job_id]
         for blocks, _ in self._jobs.values():
             total += blocks
         return total
 
-    def hold_back(self, waiting: Any, running: bool, now: float, arrival_now: float) -> None:
+    def hold_back(self, waiting: Any, running: bool, now: float) -> None:
         """Take the first turns that must wait out of ``waiting`` (a
         ``RequestQueue``) for the coming ``schedule()``. ``running``: whether
-        anything runs; ``arrival_now``: the clock requests' arrival times
-        are on."""
+        anything runs; ``now``: the clock of requests' arrival times."""
         assert not self._held, "restore() must follow every hold_back()"
         if not self._new:
             return
+        if self._decided != (self._version, running) or now >= self._valid_until:
+            self._decide(waiting, running, now)
+        held = [r for r in self._decision if r in waiting]
+        if held:
+            waiting.remove_requests(held)
+            self._held = held
+            self.held_total += len(held)
+
+    def _decide(self, waiting: Any, running: bool, now: float) -> None:
         room = self.capacity_blocks - self.demand_blocks(now)
         candidates = sorted((r for r in self._new.values() if r in waiting), key=self._rank)
+        decision: list[Request] = []
         blocked = False
+        valid_until = math.inf
         for request in candidates:
             need = request.num_prompt_tokens // self.block_size
-            overdue = arrival_now - request.arrival_time >= self.max_wait_s
-            if not blocked and (need <= room or overdue or (not running and not self._held)):
+            due = request.arrival_time + self.max_wait_s
+            if now >= due:
+                continue  # overdue: passes whatever the pool holds
+            if not blocked and (need <= room or (not running and not decision)):
                 room -= need
                 continue
-            if overdue:
-                continue
             blocked = True
-            self._held.append(request)
-        if self._held:
-            waiting.remove_requests(self._held)
-            self.held_total += len(self._held)
+            decision.append(request)
+            valid_until = min(valid_until, due)
+        if decision:
+            # A quiet job leaving the demand may open the gate.
+            for _, finished in self._jobs.values():
+                if finished is not None:
+                    valid_until = min(valid_until, finished + self.quiet_after_s)
+        self._decision = decision
+        self._decided = (self._version, running)
+        self._valid_until = valid_until
 
     def restore(self, waiting: Any) -> None:
         """Put the held first turns back (after ``schedule()``)."""

@@ -327,7 +327,7 @@ class ContinuumSchedulerMixin:
             self._running_order_dirty = False
         gate = self.admission
         if gate is not None:
-            gate.hold_back(self.waiting, bool(self.running), self.clock.time(), self.clock.time())
+            gate.hold_back(self.waiting, bool(self.running), self.clock.time())
         try:
             output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
