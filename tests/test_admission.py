@@ -51,6 +51,7 @@ def test_a_new_job_waits_while_the_job_under_way_fills_the_pool_and_its_next_tur
         step(s)
     assert not _scheduled(s, newcomer) and newcomer in s.waiting
     assert s.admission.held_total >= 5
+    assert s.continuum_metrics.snapshot()["admission_held"] == 1  # /metrics: admission_held_requests
     # Job "a" comes back from its tool: its turn is never held and finds its
     # whole context still cached.
     r2 = make_request(next_turn_prompt(prompt, r1), max_tokens=4, job_id="a", is_last_step=True)

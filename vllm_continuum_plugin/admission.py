@@ -158,9 +158,12 @@ class AdmissionGate:
         self._decided = (self._version, running)
         self._valid_until = valid_until
 
-    def restore(self, waiting: Any) -> None:
-        """Put the held first turns back (after ``schedule()``)."""
-        if self._held:
+    def restore(self, waiting: Any) -> int:
+        """Put the held first turns back (after ``schedule()``); returns how
+        many were held."""
+        held = len(self._held)
+        if held:
             for request in self._held:
                 waiting.add_request(request)
             self._held.clear()
+        return held

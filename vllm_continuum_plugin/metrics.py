@@ -94,6 +94,8 @@ class EngineMetrics:
         self.fast_pins: dict[str, int] = {"in_time": 0, "expired": 0, "other": 0}
         self.jobs_ended = dict.fromkeys(JOB_END_REASONS, 0)
         self.implicit_turns = dict.fromkeys(IMPLICIT_EVENTS, 0)
+        # New jobs' first turns the admission gate holds back now.
+        self.admission_held = 0
         self._dirty = True
         self._path: str | None = None
         directory = os.environ.get(METRICS_DIR_ENV)
@@ -155,6 +157,12 @@ class EngineMetrics:
             self.jobs_ended[reason] += 1
             self._dirty = True
 
+    def on_admission(self, held: int) -> None:
+        if held != self.admission_held:
+            with self._lock:
+                self.admission_held = held
+                self._dirty = True
+
     def on_implicit_turn(self, event: str) -> None:
         with self._lock:
             self.implicit_turns[event] += 1
@@ -187,6 +195,7 @@ class EngineMetrics:
                 "fast_pins": dict(self.fast_pins),
                 "jobs_ended": dict(self.jobs_ended),
                 "implicit_turns": dict(self.implicit_turns),
+                "admission_held": self.admission_held,
             }
 
     def flush(self) -> None:
@@ -337,8 +346,14 @@ class SnapshotCollector:
             PREFIX + "implicit_turns", "Untagged agent turns: implicit jobs started and continued.",
             labels=labels + ["event"],
         )
+        held = GaugeMetricFamily(
+            PREFIX + "admission_held_requests",
+            "New jobs' first turns the admission gate holds back while the jobs under way fill the KV pool.",
+            labels=labels,
+        )
         for snap in self._snapshots():
             values = [snap.get("engine", "0"), snap.get("policy", "")]
+            held.add_metric(values, snap.get("admission_held", 0))
             pinned.add_metric(values, snap["pinned_blocks"])
             jobs.add_metric(values, snap["pinned_jobs"])
             created.add_metric(values, snap["pins_created"])
@@ -365,4 +380,4 @@ class SnapshotCollector:
                     cumulative += count
                     buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
                 family.add_metric(values, buckets, h["sum"])
-        return [pinned, jobs, created, released, hits, trimmed, ttl, tool, decisions, error, fast, ended, implicit]
+        return [pinned, jobs, created, released, hits, trimmed, ttl, tool, decisions, error, fast, ended, implicit, held]

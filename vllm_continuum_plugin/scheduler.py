@@ -332,7 +332,7 @@ class ContinuumSchedulerMixin:
             output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
             if gate is not None:
-                gate.restore(self.waiting)
+                self.continuum_metrics.on_admission(gate.restore(self.waiting))
         if output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids:
             self._running_order_dirty = True
             self._after_admission(output)
