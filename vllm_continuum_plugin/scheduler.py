@@ -12,8 +12,11 @@ block manager and kernels untouched:
   without a tool call, TTL 0 and disabled prefix caching free as usual.
 * ``schedule`` -- releases expired pins (TTL) before the step, orders
   ``running`` so that vLLM's "preempt running[-1]" picks the latest-arriving
-  job not on its last step, and hands pins over to next turns that were
-  admitted in the step (their blocks are now referenced by the new request).
+  job not on its last step, takes the new jobs' first turns that the
+  :class:`~.admission.AdmissionGate` holds out of the waiting queue for the
+  step (and puts them back after it), and hands pins over to next turns
+  that were admitted in the step (their blocks are now referenced by the
+  new request).
 * ``kv_cache_manager.allocate_slots`` (wrapped on the instance by
   :class:`~.soft_pins.SoftPins`, only in steps where an allocation could
   fail) -- **soft pins**: when an allocation would fail, pins are released
@@ -43,9 +46,12 @@ sleeping.
 Invariants: each pinned block carries exactly one reference owned by its pin;
 ``PinTable.pop`` returns a pin at most once and its blocks are returned to the
 pool exactly then; the pinned share of the pool (distinct blocks) never
-exceeds ``max_pinned_fraction``; requests without a job id whose reply calls no
-tool, and every untagged request when ``implicit_jobs`` is off, behave
-exactly as FCFS; client metadata always wins over an implicit match.
+exceeds ``max_pinned_fraction``; a first turn the admission gate holds is
+out of the waiting queue only inside ``schedule()`` and never longer than
+``job_priority_window_s`` in all; requests without a job id whose reply
+calls no tool, and every untagged request when ``implicit_jobs`` is off,
+behave exactly as FCFS (the gate never holds them); client metadata always
+wins over an implicit match.
 """
 
 from __future__ import annotations
