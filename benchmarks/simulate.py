@@ -115,6 +115,7 @@ def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any =
         send_metadata=arm.is_plugin,
         on_turn_finished=(lambda _r: progress.update(1)) if progress is not None else None,
         offload_worker=worker,
+        max_jobs_in_flight=arm.job_cap,
     )
     # As vLLM's engine core does once it has started (``freeze_gc_heap``):
     # the pool's blocks, the jobs and the imported modules live for the

@@ -35,7 +35,18 @@ TRACE_ARMS = "fcfs,continuum-paper,continuum,native-offload,continuum-native-off
 SYNTHETIC = "--workload coding-agent --shared-system --sessions 60"
 SYNTHETIC_HIGH, SYNTHETIC_LOW = 15.0, 1.2  # sessions/min
 TRACE_RATE = 0.5  # sessions/min: the high-load point of docs/simulator.md
+# Plain admission: fixed caps on sessions in flight, to find the best one.
+SYNTHETIC_CAPS = "fcfs-cap6,fcfs-cap10,fcfs-cap14,fcfs-cap20"
+TRACE_CAPS = "fcfs-cap4,fcfs-cap6,fcfs-cap8,fcfs-cap12"
 PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
+
+
+def _order(point: dict) -> tuple[int, int]:
+    """Table order: ORDER, plain admission caps (by K) before the oracle."""
+    arm = point["arm"]
+    if arm in ORDER:
+        return (ORDER.index(arm), 0)
+    return (ORDER.index("oracle") - 1, int(arm.removeprefix("fcfs-cap")))
 
 
 def table(points: list[dict]) -> list[str]:
@@ -43,7 +54,7 @@ def table(points: list[dict]) -> list[str]:
     rows = ["| policy | JCT mean s | vs FCFS | JCT p90 s | TTFT mean s | hit share | recomputed Mtok "
             "| pins (handoff / expired / pressure) | gap closed |",
             "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
-    for p in sorted(points, key=lambda p: ORDER.index(p["arm"])):
+    for p in sorted(points, key=_order):
         gap = "" if p.get("gap_closed") is None else f"{p['gap_closed']:+.1%}"
         speedup = f"{fcfs['jct_mean_s'] / p['jct_mean_s']:.2f}x" if fcfs else ""
         pins = (f"{p['pins_created']} ({p['pins_handed_over']} / {p['pins_expired']} / "
@@ -76,14 +87,28 @@ def main() -> int:
         sections.append((title, "python -m benchmarks.simulate " + " ".join(argv), []))
         return load(os.path.join(args.out, out, "results.json"))["points"]
 
+    def with_caps(points: list[dict], title: str, out: str, argv: list[str], caps: str) -> list[dict]:
+        """``points`` plus the plain-admission arms of ``caps``, run apart
+        (same arrivals, so FCFS and the oracle are the same) and given their
+        share of that run's FCFS-to-oracle gap."""
+        capped = point(title, out, [*argv, "--policies", caps])
+        fcfs = next(p["jct_mean_s"] for p in points if p["arm"] == "fcfs")
+        oracle = next(p["jct_mean_s"] for p in points if p["arm"] == "oracle")
+        for p in capped:
+            p["gap_closed"] = (fcfs - p["jct_mean_s"]) / (fcfs - oracle) if fcfs > oracle else None
+        return points + capped
+
     lines: list[str] = []
-    syn_high = point("synthetic-high", "synthetic-high",
-                     [*SYNTHETIC.split(), "--rate", f"{SYNTHETIC_HIGH:g}", "--policies", SYNTHETIC_ARMS])
+    syn_argv = [*SYNTHETIC.split(), "--rate", f"{SYNTHETIC_HIGH:g}"]
+    syn_high = point("synthetic-high", "synthetic-high", [*syn_argv, "--policies", SYNTHETIC_ARMS])
+    syn_high = with_caps(syn_high, "synthetic-high-caps", "synthetic-high-caps", syn_argv, SYNTHETIC_CAPS)
     syn_low = point("synthetic-low", "synthetic-low",
                     [*SYNTHETIC.split(), "--rate", f"{SYNTHETIC_LOW:g}", "--policies", SYNTHETIC_ARMS])
-    traces = {prof: point(f"trace-{prof}", f"trace-{prof}",
-                          ["--profile", prof, "--rate", f"{TRACE_RATE:g}", "--policies", TRACE_ARMS])
-              for prof in PROFILES}
+    traces = {}
+    for prof in PROFILES:
+        argv = ["--profile", prof, "--rate", f"{TRACE_RATE:g}"]
+        traces[prof] = with_caps(point(f"trace-{prof}", f"trace-{prof}", [*argv, "--policies", TRACE_ARMS]),
+                                 f"trace-{prof}-caps", f"trace-{prof}-caps", argv, TRACE_CAPS)
 
     lines += [
         "# Retention priced by the pool, and an admission gate",
@@ -99,7 +124,9 @@ def main() -> int:
         "plugin's defaults: `ttl_policy = \"priced\"` (a held second costs the pin's share of the pool times",
         "its usage) and the admission gate; `native-offload` vLLM's `OffloadingConnector` with 256 GiB of",
         "host memory per GPU under the stock scheduler, `continuum-native-offload` the same under Continuum",
-        "(the gate is off with a KV connector); `oracle` a pool that never evicts (the bound).",
+        "(the gate is off with a KV connector); `fcfs-capK` plain admission, the stock scheduler behind a",
+        "fixed cap of K sessions in flight (the rest wait first come, first served; the wait counts in",
+        "their JCT), run apart on the same arrivals; `oracle` a pool that never evicts (the bound).",
         "`gap closed` is the share of the FCFS to oracle mean-JCT gap.",
         "",
         f"## Synthetic coding agent, H100 + Llama-3.1-8B, {SYNTHETIC_HIGH:g} sessions/min (working set ~2x the pool)",

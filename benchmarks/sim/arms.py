@@ -21,6 +21,10 @@ An :class:`Arm` names a scheduling policy and how the KV pool is sized:
   runs unchanged, the asynchronous copies are simulated
   (``offload.SimulatedNativeOffloadWorker``);
 * ``continuum-native-offload`` -- the same under the Continuum scheduler;
+* ``fcfs-capK`` (any K >= 1, e.g. ``fcfs-cap16``) -- plain admission: the
+  stock scheduler behind a fixed cap of K sessions in flight (the rest wait
+  first come, first served, and the wait counts in their JCT), as a client
+  or router would impose it;
 * ``oracle`` -- the stock scheduler over a pool that never evicts (room for
   every block any turn computes): the bound that retention can reach,
   reported as such.
@@ -62,6 +66,7 @@ class Arm:
     unbounded_pool: bool = False
     continuum: tuple[tuple[str, Any], ...] = ()
     offload: str = ""  # "" none, "plugin": ContinuumOffloadConnector, "native": vLLM's OffloadingConnector
+    job_cap: int = 0  # plain admission: at most this many jobs in flight (0: none)
 
     def __post_init__(self) -> None:
         if self.offload not in ("", "plugin", "native"):
@@ -90,12 +95,20 @@ def parse_arms(spec: str) -> list[Arm]:
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise ValueError(f"no policy named in {spec!r}; choose from {', '.join(ARMS)}")
-    unknown = [n for n in names if n not in ARMS]
+    unknown = [n for n in names if n not in ARMS and _job_cap(n) is None]
     if unknown:
-        raise ValueError(f"unknown policy {unknown[0]!r}; choose from {', '.join(ARMS)}")
+        raise ValueError(f"unknown policy {unknown[0]!r}; choose from {', '.join(ARMS)}, fcfs-capK")
     if len(set(names)) != len(names):
         raise ValueError(f"a policy is named twice in {spec!r}")
-    return [ARMS[n] for n in names]
+    return [ARMS[n] if n in ARMS else Arm(n, "fcfs", job_cap=_job_cap(n) or 0) for n in names]
+
+
+def _job_cap(name: str) -> int | None:
+    """K of an ``fcfs-capK`` arm name (K >= 1), else None."""
+    prefix = "fcfs-cap"
+    if name.startswith(prefix) and name[len(prefix):].isdigit() and int(name[len(prefix):]) >= 1:
+        return int(name[len(prefix):])
+    return None
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,7 @@ class ReplayEngine:
         send_metadata: bool = True,
         on_turn_finished: Callable[[TurnRecord], None] | None = None,
         offload_worker: "OffloadWorker | None" = None,
+        max_jobs_in_flight: int = 0,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
@@ -230,6 +231,13 @@ class ReplayEngine:
         self.send_metadata = send_metadata
         self.on_turn_finished = on_turn_finished
         self.offload_worker = offload_worker
+        # Plain admission in front of the engine (a client- or router-side
+        # cap): at most this many jobs between their first turn's submission
+        # and their last turn's finish; later jobs wait first come, first
+        # served, and the wait counts in their JCT. 0: no cap.
+        self.max_jobs_in_flight = max_jobs_in_flight
+        self._jobs_in_flight = 0
+        self._capped: list[int] = []  # jobs waiting at the cap, in arrival order
         self.book = TokenBook()
         self.hasher = JobHasher(block_size)
         self._t0 = clock.monotonic()
@@ -282,6 +290,15 @@ class ReplayEngine:
         record = TurnRecord(job.job_id, turn_index, self.now(), turn.prompt_tokens, reusable)
         self._live[request_id] = _Live(job_index, turn_index, request, job.reply_tokens(turn_index, self.book), record)
         self.scheduler.add_request(request)
+
+    def _admit_capped(self) -> None:
+        """Submit the first turns waiting at the job cap while it has room
+        (every job counts from its first submission to its last finish)."""
+        if not self.max_jobs_in_flight:
+            return
+        while self._capped and self._jobs_in_flight < self.max_jobs_in_flight:
+            self._jobs_in_flight += 1
+            self._submit(self._capped.pop(0), 0)
 
     def _next_event_s(self, waiting: bool) -> float | None:
         """The next arrival, and while requests ``waiting`` cannot be
@@ -364,6 +381,8 @@ class ReplayEngine:
             self.records.job_finish_s[job.job_id] = now
             self.hasher.forget(job.job_id)
             self._prompts.pop(live.job, None)
+            if self.max_jobs_in_flight:
+                self._jobs_in_flight -= 1
         if self.on_turn_finished is not None:
             self.on_turn_finished(live.record)
 
@@ -374,10 +393,14 @@ class ReplayEngine:
             self.records.job_arrival_s[job.job_id] = job.arrival_s
             self._queue(job.arrival_s, i, 0)
         sched = self.scheduler
-        while self._events or self._live:
+        while self._events or self._live or self._capped:
             while self._events and self._events[0][0] <= self.now() + _EPS:
                 _, _, job, turn = heapq.heappop(self._events)
-                self._submit(job, turn)
+                if turn == 0 and self.max_jobs_in_flight:
+                    self._capped.append(job)
+                else:
+                    self._submit(job, turn)
+            self._admit_capped()
             if not self._live:
                 nxt = self._next_event_s(waiting=False)
                 assert nxt is not None
