@@ -36,8 +36,8 @@ SYNTHETIC = "--workload coding-agent --shared-system --sessions 60"
 SYNTHETIC_HIGH, SYNTHETIC_LOW = 15.0, 1.2  # sessions/min
 TRACE_RATE = 0.5  # sessions/min: the high-load point of docs/simulator.md
 # Plain admission: fixed caps on sessions in flight, to find the best one.
-SYNTHETIC_CAPS = "fcfs-cap6,fcfs-cap10,fcfs-cap14,fcfs-cap20"
-TRACE_CAPS = "fcfs-cap4,fcfs-cap6,fcfs-cap8,fcfs-cap12"
+SYNTHETIC_CAPS = "fcfs-cap10,fcfs-cap16,fcfs-cap22,fcfs-cap30"
+TRACE_CAPS = "fcfs-cap8,fcfs-cap12,fcfs-cap16,fcfs-cap24"
 PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
 
 

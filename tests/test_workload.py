@@ -383,3 +383,18 @@ def test_read_trace_rejects_empty_file_and_bad_rate(tmp_path):
 def test_write_trace_rejects_duplicate_job_ids(tmp_path):
     with pytest.raises(ValueError, match="job id 'j' appears twice"):
         write_trace(str(tmp_path / "t.jsonl"), [make_job("j"), make_job("j", 2.0)])
+
+
+def test_coding_agent_preset_is_the_documented_gpu_scale_agent():
+    jobs = generate_jobs(PRESETS["coding-agent"](400, 1.0), 0)
+    # A 6k system prompt and a 7-9k task: first contexts ~14k tokens.
+    assert np.mean([j.prompt_tokens(0) for j in jobs]) == pytest.approx(14_000, rel=0.05)
+    assert np.mean([j.num_turns for j in jobs]) == pytest.approx(20, abs=0.5)
+    # Each turn adds ~700 tokens (a 150-token reply and ~550 of tool output).
+    growth = [(j.prompt_tokens(j.num_turns - 1) - j.prompt_tokens(0)) / (j.num_turns - 1) for j in jobs]
+    assert np.mean(growth) == pytest.approx(700, rel=0.1)
+    # Tools between ~0.2 s and ~20 s at their medians, pip install the slowest.
+    turns = [t for j in jobs for t in j.turns[:-1]]
+    medians = {k: np.median([t.tool_seconds for t in turns if t.tool == k]) for k in {t.tool for t in turns}}
+    assert min(medians.values()) == pytest.approx(0.2, rel=0.3)
+    assert max(medians, key=medians.get) == "pip install" and medians["pip install"] == pytest.approx(20, rel=0.3)
