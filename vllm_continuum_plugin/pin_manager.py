@@ -32,6 +32,7 @@ from typing import Any
 
 from .clock import Clock
 from .metrics import EngineMetrics
+from .offload_backend import OffloadBackend
 from .pin_table import Pin, PinTable, continues
 
 logger = logging.getLogger("vllm.continuum_plugin")
@@ -54,7 +55,7 @@ class PinManager:
         max_pinned_blocks: int,
         metrics: EngineMetrics,
         clock: Clock,
-        offload: Any = None,
+        offload: OffloadBackend | None = None,
         on_pins_changed: Callable[[str], None] = lambda job_id: None,
         has_waiting_turn: Callable[[str], bool] = lambda job_id: False,
         block_size: int = 16,
@@ -72,7 +73,7 @@ class PinManager:
         self.max_pinned_blocks = max_pinned_blocks
         self._metrics = metrics
         self.clock = clock
-        # The plugin's offload connector (``save_blocks``), or None.
+        # The plugin's offload backend (``save_blocks``), or None.
         self._offload = offload
         # Called when a job gains or loses its pin (its waiting turns change tier).
         self._on_pins_changed = on_pins_changed

@@ -79,6 +79,7 @@ from .job_queue import ContinuumRequestQueue
 from .job_order import JobOrder
 from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata, request_meta, set_request_meta
 from .metrics import EngineMetrics
+from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
 from .soft_pins import SoftPins
 from .registration import PLUGIN_POLICIES
@@ -151,7 +152,7 @@ class ContinuumSchedulerMixin:
         self.decider: Decider = make_decider(self.continuum_policy, cfg, self.ttl_policy, self.prefill_cost)
         # The plugin's offload connector, when configured: blocks leaving a
         # pin (TTL, pressure) or a SLOW turn are stored before they are freed.
-        self.offload = self.connector if hasattr(self.connector, "save_blocks") else None
+        self.offload: OffloadBackend | None = find_offload_backend(self.connector)
         if self.offload is not None:
             self.offload.set_clock(clock)  # store holds lapse on the pins' clock
         self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)

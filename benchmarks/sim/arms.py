@@ -130,9 +130,13 @@ class EngineShape:
 _registered = False
 
 
-def build_scheduler(arm: Arm, shape: EngineShape, clock: ManualClock, num_blocks: int | None = None) -> Scheduler:
+def build_scheduler(
+    arm: Arm, shape: EngineShape, clock: ManualClock, num_blocks: int | None = None, kv_transfer: Any = None,
+) -> Scheduler:
     """vLLM's scheduler for ``arm`` over ``shape`` (``num_blocks`` overrides
-    the pool size: the oracle's). The plugin's schedulers run on ``clock``."""
+    the pool size: the oracle's). The plugin's schedulers run on ``clock``.
+    ``kv_transfer``: a ``KVTransferConfig`` to use instead of the arm's
+    (connector combinations such as ``MultiConnector``)."""
     global _registered
     if not _registered:
         register()
@@ -161,7 +165,9 @@ def build_scheduler(arm: Arm, shape: EngineShape, clock: ManualClock, num_blocks
         device_config=DeviceConfig("cpu"),
         additional_config={"continuum": dict(arm.continuum)} if arm.continuum else {},
     )
-    if arm.offload:
+    if kv_transfer is not None:
+        vllm_config.kv_transfer_config = kv_transfer
+    elif arm.offload:
         from vllm.config import KVTransferConfig
 
         if arm.offload == "plugin":
