@@ -13,5 +13,4 @@ Importing this package imports nothing heavy; the connector module imports
 vLLM and torch.
 """
 
-CONNECTOR_NAME = "ContinuumOffloadConnector"
 CONNECTOR_MODULE = __name__ + ".kv_offload"

@@ -411,10 +411,6 @@ class ContinuumOffloadConnector(KVConnectorBase_V1):
         stored); None until a copy was measured."""
         return self._sched.reload_s_per_token if self._sched is not None else None
 
-    def reload_seconds(self, num_tokens: int) -> float | None:
-        per_token = self.reload_seconds_per_token()
-        return None if per_token is None else per_token * max(0, num_tokens)
-
     def totals(self) -> dict[str, float]:
         """Cumulative counters since start (both sides; worker counters
         summed over workers) plus the index's occupancy now."""

@@ -46,7 +46,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -69,7 +69,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LAYER_NAMES = ("hint", "rules", "bayesian", "xgboost", "fallback")
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
@@ -158,9 +157,6 @@ class ContextServeConfig:
                  "max_training_samples", self.max_training_samples, "an integer >= 1")
         _require(self.seed is None or _is_int(self.seed), "seed", self.seed, "None or an integer")
         _require(_is_int(self.max_tools) and self.max_tools >= 1, "max_tools", self.max_tools, "an integer >= 1")
-
-    def describe(self) -> str:
-        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
 
 
 def _finite(value: object) -> bool:

@@ -139,9 +139,6 @@ class ContinuumConfig:
         _require(self.implicit_max_blocks >= 0, "implicit_max_blocks", self.implicit_max_blocks, ">= 0")
         _require(0.5 <= self.confidence < 1.0, "confidence", self.confidence, "in [0.5, 1)")
 
-    def describe(self) -> str:
-        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
-
 
 def _require(ok: bool, name: str, value: Any, expectation: str) -> None:
     if not ok:
