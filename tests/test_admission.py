@@ -8,6 +8,8 @@ end, and whenever nothing runs. Time is the scheduler's manual clock.
 
 from __future__ import annotations
 
+import pytest
+
 from vllm.v1.request import RequestStatus
 
 from harness import free_blocks, make_request, make_scheduler, prompt_of, run_until_finished, step, usable_blocks
@@ -65,27 +67,24 @@ def test_a_new_job_waits_while_the_job_under_way_fills_the_pool_and_its_next_tur
     assert_all_blocks_free(s)
 
 
-def test_a_held_first_turn_passes_once_overdue():
-    s, _, _, chat, newcomer = _gated({"job_priority_window_s": 30.0})
+@pytest.mark.parametrize(
+    ("settings", "wait_s"),
+    [
+        ({"job_priority_window_s": 30.0}, 30.0),  # the held turn is overdue
+        ({"max_ttl_s": 10.0}, 10.5),  # job "a" quiet longer than any TTL stops counting
+    ],
+    ids=["overdue", "quiet-job"],
+)
+def test_a_held_first_turn_passes_once_overdue_or_when_the_job_under_way_goes_quiet(settings, wait_s):
+    s, _, _, chat, newcomer = _gated(settings)
     step(s)
     assert not _scheduled(s, newcomer)
-    s.clock.advance(30.0)
+    s.clock.advance(wait_s)
     step(s)
     assert _scheduled(s, newcomer)
     run_until_finished(s, [newcomer, chat])
     s.clock.advance(3600.0)
     step(s)
-    assert_all_blocks_free(s)
-
-
-def test_a_job_quiet_longer_than_any_ttl_stops_holding_the_gate():
-    s, _, _, chat, newcomer = _gated({"max_ttl_s": 10.0})
-    step(s)
-    assert not _scheduled(s, newcomer)
-    s.clock.advance(10.5)
-    step(s)
-    assert _scheduled(s, newcomer)
-    run_until_finished(s, [newcomer, chat])
     assert_all_blocks_free(s)
 
 

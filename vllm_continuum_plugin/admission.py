@@ -109,13 +109,10 @@ class AdmissionGate:
     # -- the gate --------------------------------------------------------------
     def demand_blocks(self, now: float) -> int:
         """Footprints of the jobs under way; drops jobs quiet for too long."""
-        total = 0
         quiet = [j for j, (_, t) in self._jobs.items() if t is not None and now - t >= self.quiet_after_s]
         for job_id in quiet:
             del self._jobs[job_id]
-        for blocks, _ in self._jobs.values():
-            total += blocks
-        return total
+        return sum(blocks for blocks, _ in self._jobs.values())
 
     def hold_back(self, waiting: Any, running: bool, now: float) -> None:
         """Take the first turns that must wait out of ``waiting`` (a

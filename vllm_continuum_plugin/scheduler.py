@@ -552,10 +552,8 @@ class ContinuumSchedulerMixin:
         requests and pins). An idle pool makes holding free; a full one
         charges a pin its share of the memory."""
         pool = self.kv_cache_manager.block_pool
-        usable = max(1, pool.num_gpu_blocks - 1)
         blocks = min(len(request.block_hashes), request.num_tokens // self.block_size)
-        usage = 1.0 - pool.get_num_free_blocks() / usable
-        return (blocks / usable) * min(1.0, max(0.0, usage))
+        return blocks / max(1, pool.num_gpu_blocks - 1) * min(1.0, max(0.0, pool.get_usage()))
 
     def _rebuild_seconds(self, request: Request) -> float | None:
         """With an offload connector, rebuilding the context costs a reload

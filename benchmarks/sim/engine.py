@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+from collections import deque
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -237,7 +238,7 @@ class ReplayEngine:
         # served, and the wait counts in their JCT. 0: no cap.
         self.max_jobs_in_flight = max_jobs_in_flight
         self._jobs_in_flight = 0
-        self._capped: list[int] = []  # jobs waiting at the cap, in arrival order
+        self._capped: deque[int] = deque()  # jobs waiting at the cap, in arrival order
         self.book = TokenBook()
         self.hasher = JobHasher(block_size)
         self._t0 = clock.monotonic()
@@ -298,7 +299,7 @@ class ReplayEngine:
             return
         while self._capped and self._jobs_in_flight < self.max_jobs_in_flight:
             self._jobs_in_flight += 1
-            self._submit(self._capped.pop(0), 0)
+            self._submit(self._capped.popleft(), 0)
 
     def _next_event_s(self, waiting: bool) -> float | None:
         """The next arrival, and while requests ``waiting`` cannot be
