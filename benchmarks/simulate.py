@@ -86,10 +86,9 @@ def oracle_blocks(jobs: list[SimJob], block_size: int) -> int:
     return total + _ORACLE_SLACK_BLOCKS
 
 
-def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any = None) -> tuple[ArmSummary, RunRecords]:
-    """One arm over ``jobs``; asserts every KV block is free at the end."""
-    from vllm.utils.gc_utils import freeze_gc_heap
-
+def build_engine(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any = None) -> ReplayEngine:
+    """The replay engine of one arm over ``jobs``: vLLM's real scheduler for
+    the arm and, under an offload arm, the simulated copies of its connector."""
     from vllm_continuum_plugin.clock import ManualClock
 
     clock = ManualClock()
@@ -110,13 +109,21 @@ def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any =
             worker = SimulatedNativeOffloadWorker(profile.block_size, copy_seconds, profile.kv_bytes_per_token_per_gpu())
         else:
             worker = SimulatedOffloadWorker(profile.block_size, copy_seconds)
-    engine = ReplayEngine(
+    return ReplayEngine(
         scheduler, clock, settings.step_model, jobs, block_size=settings.profile.block_size,
         send_metadata=arm.is_plugin,
         on_turn_finished=(lambda _r: progress.update(1)) if progress is not None else None,
         offload_worker=worker,
         max_jobs_in_flight=arm.job_cap,
     )
+
+
+def run_arm(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: Any = None) -> tuple[ArmSummary, RunRecords]:
+    """One arm over ``jobs``; asserts every KV block is free at the end."""
+    from vllm.utils.gc_utils import freeze_gc_heap
+
+    engine = build_engine(arm, jobs, settings, progress)
+    scheduler = engine.scheduler
     # As vLLM's engine core does once it has started (``freeze_gc_heap``):
     # the pool's blocks, the jobs and the imported modules live for the
     # whole run, and the collector would otherwise walk them again and

@@ -161,6 +161,9 @@ class JobState:
     # The tool's own expected run time when the last turn's TTL came from
     # one (hint, rule, classifier): the next gap minus it is client overhead.
     last_tool_s: float | None = None
+    # Tokens of the last finished turn's context (prompt + reply): what a
+    # second tier may hold of the job when its next turn arrives.
+    last_context_tokens: int = 0
     # Recent client-overhead samples (``RoundTripOverhead``), or None.
     overhead_samples: deque[float] | None = None
 

@@ -252,3 +252,32 @@ def test_prefill_model_default_then_fit():
     for tokens in (100, 500, 1000, 2000, 4000):
         model.observe(tokens, 0.05 + tokens * 2e-4)
     assert model.seconds(3000) == pytest.approx(0.05 + 0.6, rel=1e-6)
+
+
+def test_tier_reload_model_prices_a_dropped_context_by_what_the_tier_served():
+    from vllm_continuum_plugin.estimators.tier_reload import TierLoadTimer, TierReloadModel
+
+    prefill = PrefillCostModel(1e-4, 0.0)  # 30k tokens: 3 s of prefill
+    model = TierReloadModel(min_samples=4)
+    timer = TierLoadTimer(model)
+    # Unknown tier: no answer, the scheduler prices a prefill.
+    assert model.rebuild_seconds(30_000, prefill.seconds) is None
+    for i, tokens in enumerate((8_000, 16_000, 24_000, 32_000)):
+        timer.start(f"r{i}", 10.0 * i, tokens)
+        timer.start(f"r{i}", 10.0 * i + 5, tokens)  # seen again while waiting: the first start counts
+        timer.finish(f"r{i}", 10.0 * i + tokens * 1e-5)  # 10x faster than prefill
+    timer.start("failed", 0.0, 5_000)
+    timer.finish("failed", 100.0, failed=True)  # a failed load measures nothing
+    timer.start("gone", 0.0, 5_000)
+    timer.forget("gone")
+    assert len(timer) == 0
+    assert model.rebuild_seconds(30_000, prefill.seconds) is None  # coverage not yet seen
+    for _ in range(4):
+        model.observe_return(missing_tokens=20_000, loaded_tokens=20_000)
+    assert model.rebuild_seconds(30_000, prefill.seconds) == pytest.approx(0.3)
+    # A tier that served half of what was missing: half reloaded, half prefilled.
+    for _ in range(4):
+        model.observe_return(missing_tokens=20_000, loaded_tokens=0)
+    assert model.rebuild_seconds(30_000, prefill.seconds) == pytest.approx(0.15 + 1.5)
+    model.observe_return(missing_tokens=0, loaded_tokens=100)  # nothing was missing: no sample
+    assert len(model.coverage) == 8

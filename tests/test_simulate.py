@@ -184,6 +184,25 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     assert by_arm["continuum-native-offload"].pins_created > 0
 
 
+def test_continuum_learns_what_reloading_from_vllms_native_tier_costs(model_dir: str) -> None:
+    # Under vLLM's native offloading the plugin does not drive the tier; it
+    # times the loads of returning turns and prices a dropped context as
+    # that reload, which on PCIe is far cheaper than its prefill.
+    jobs = pressured_jobs()
+    engine = simulate.build_engine(ARMS["continuum-native-offload"], jobs, settings(model_dir, RooflineStepModel(PROFILE), 1000))
+    try:
+        engine.run()
+        scheduler = engine.scheduler
+        tier = scheduler.tier
+        assert tier is not None and tier.ready
+        assert len(scheduler._tier_loads) == 0  # every timed load was reported
+        assert tier.coverage.mean() > 0.9  # write-through stores: the tier has what the GPU lost
+        reload = tier.rebuild_seconds(4000, scheduler.prefill_cost.seconds)
+        assert reload is not None and 0 < reload < scheduler.prefill_cost.seconds(4000)
+    finally:
+        engine.scheduler.shutdown()
+
+
 def test_a_request_whose_load_completes_in_an_idle_step_is_scheduled(model_dir: str) -> None:
     # A small pool under vLLM's native offloading: the engine goes idle while
     # a turn's prefix loads; the load is reported in an idle step, and the

@@ -28,6 +28,10 @@ block manager and kernels untouched:
   continues a finished agent turn is that implicit job's next turn, see
   ``implicit_jobs``), measures tool time, and queues the request in the
   job-aware ``ContinuumRequestQueue``.
+* ``_update_waiting_for_remote_kv`` -- with a KV connector the plugin does
+  not drive (vLLM's native offloading, LMCache), times the loads of later
+  turns from that connector's tier (:mod:`~.estimators.tier_reload`), so a
+  dropped context is priced as the reload it costs, not a prefill.
 * ``reset_prefix_cache`` / ``shutdown`` -- release every pin first.
 
 The pin lifecycle itself (taking blocks, the cap, expiry, release, soft-pin
@@ -63,7 +67,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from .admission import AdmissionGate
 from .clock import SYSTEM_CLOCK, Clock
@@ -72,6 +76,7 @@ from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, Tu
 from .decisions import Decider, make_decider
 from .estimators.parser import NO_TOOL_KEY, is_finish_action
 from .estimators.prefill import PrefillCostModel, PrefillTimer
+from .estimators.tier_reload import TierLoadTimer, TierReloadModel
 from .estimators.round_trip import RoundTripOverhead
 from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
 from .implicit_jobs import ImplicitJobIndex, is_implicit_job
@@ -155,6 +160,13 @@ class ContinuumSchedulerMixin:
         self.offload: OffloadBackend | None = find_offload_backend(self.connector)
         if self.offload is not None:
             self.offload.set_clock(clock)  # store holds lapse on the pins' clock
+        # Any other KV connector (vLLM's native offloading, LMCache) may keep
+        # a second tier the plugin does not drive: learn what reloading from
+        # it costs, so a dropped context is priced as a reload, not a prefill.
+        self.tier: TierReloadModel | None = (
+            TierReloadModel() if self.connector is not None and self.offload is None else None
+        )
+        self._tier_loads: TierLoadTimer | None = TierLoadTimer(self.tier) if self.tier is not None else None
         self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)
         # Untagged agents: finished turns that called a tool, found again by
         # the prefix of their next turn (needs block hashes: prefix caching).
@@ -343,6 +355,8 @@ class ContinuumSchedulerMixin:
         if output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids:
             self._running_order_dirty = True
             self._after_admission(output)
+        if self._tier_loads is not None:
+            self._time_tier_loads()
         if output.preempted_req_ids:
             self._running_order_dirty = True
         # (The waker's deadline is refreshed in update_from_output, which
@@ -365,6 +379,8 @@ class ContinuumSchedulerMixin:
             job_id = request_meta(request).job_id
             if job_id is None:
                 continue
+            if self.tier is not None:
+                self._observe_tier_return(job_id, request)
             if self.admission is not None:
                 self.admission.on_admitted(job_id, request)
             if self.offload is not None:
@@ -383,6 +399,39 @@ class ContinuumSchedulerMixin:
                     # A later turn whose KV was not kept: the queueing delay it
                     # saw is the paper's T.
                     self.evicted_queueing_delay.add(max(0.0, wall_now - request.arrival_time))
+
+    def _time_tier_loads(self) -> None:
+        """Start timing the loads this step began: later turns of jobs that
+        the connector put into ``WAITING_FOR_REMOTE_KVS`` (the tokens it
+        supplies are in the request's prefill stats, set at that lookup)."""
+        timer = self._tier_loads
+        assert timer is not None
+        now = self.clock.monotonic()
+        for waiting in self._waiting_by_job.values():
+            for request in waiting:
+                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and request.request_id not in timer:
+                    stats = getattr(request, "prefill_stats", None)
+                    timer.start(request.request_id, now, getattr(stats, "num_external_cached_tokens", 0))
+
+    def _update_waiting_for_remote_kv(self, request: Request) -> None:
+        failed = request.request_id in self.failed_recving_kv_req_ids
+        super()._update_waiting_for_remote_kv(request)  # type: ignore[misc]
+        if self._tier_loads is not None:
+            self._tier_loads.finish(request.request_id, self.clock.monotonic(), failed)
+
+    def _observe_tier_return(self, job_id: str, request: Request) -> None:
+        """How much of a returning turn's earlier context, missing on the
+        GPU, the connector's tier supplied (the turn's new tokens were never
+        stored anywhere, so they do not count)."""
+        assert self.tier is not None
+        job = self.jobs.get(job_id)
+        stats = getattr(request, "prefill_stats", None)
+        if job is None or job.turns_finished == 0 or stats is None or not stats.num_prompt_tokens:
+            return
+        earlier = min(stats.num_prompt_tokens, job.last_context_tokens)
+        missing = earlier - stats.num_local_cached_tokens
+        if missing >= self.block_size:
+            self.tier.observe_return(missing, stats.num_external_cached_tokens)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
@@ -409,6 +458,8 @@ class ContinuumSchedulerMixin:
             return
         self._forget_waiting(request)
         self._prefills.forget(request.request_id)
+        if self._tier_loads is not None:
+            self._tier_loads.forget(request.request_id)
         meta = request_meta(request)
         job_id = meta.job_id
         if job_id is None and self.implicit_jobs is None:
@@ -440,6 +491,7 @@ class ContinuumSchedulerMixin:
             self.admission.on_turn_finished(job_id, request, self.clock.time())
         if job is not None:  # set again below when this turn is decided
             job.last_predicted_s = job.last_tool_s = None
+            job.last_context_tokens = request.num_tokens
         if self.implicit_jobs is not None and is_implicit_job(job_id):
             self._register_implicit_turn(request, job_id)
         if not self.pinning_enabled:
@@ -556,9 +608,13 @@ class ContinuumSchedulerMixin:
         return blocks / max(1, pool.num_gpu_blocks - 1) * min(1.0, max(0.0, pool.get_usage()))
 
     def _rebuild_seconds(self, request: Request) -> float | None:
-        """With an offload connector, rebuilding the context costs a reload
-        of what the store holds plus a prefill of the rest."""
+        """With the plugin's offload connector, rebuilding the context costs a
+        reload of what the store holds plus a prefill of the rest; with
+        another connector's tier, its learned reload cost (``tier``); None
+        (a prefill) otherwise or while nothing is known."""
         if self.offload is None:
+            if self.tier is not None:
+                return self.tier.rebuild_seconds(request.num_tokens, self.prefill_cost.seconds)
             return None
         per_token = self.offload.reload_seconds_per_token()
         if per_token is None:
