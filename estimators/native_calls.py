@@ -13,7 +13,9 @@ only when none of those is present, ``fence`` (```` ```mswea_bash_command ````
 Reasoning (``<think>``/``[THINK]`` sections, Harmony's analysis channel) is
 dropped first. Work is bounded and linear: only the last ``max_chars``
 characters are read, delimiters are located with ``str.find`` and JSON is
-decoded at most once per candidate. Nothing here raises on model text.
+decoded at most once per candidate, and at most ``MAX_CALL_CANDIDATES``
+candidates are decoded per format (the last ones, where calls are marked
+one by one). Nothing here raises on model text.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BASH_TOOL_NAMES", "NativeCall", "command_of", "extract_native_calls", "tool_key_of"]
+__all__ = [
+    "BASH_TOOL_NAMES",
+    "MAX_CALL_CANDIDATES",
+    "NativeCall",
+    "command_of",
+    "extract_native_calls",
+    "tool_key_of",
+]
 
 # Tools whose call runs a shell command (name compared case-insensitively).
 BASH_TOOL_NAMES = frozenset(
@@ -32,6 +41,17 @@ BASH_TOOL_NAMES = frozenset(
         "exec", "cmd", "bash_command", "execute_command",
     }
 )
+# Call candidates read per format: the last ones of a reply (of Llama-3's
+# JSON sequence, which is decoded from its start, the first ones). The
+# scheduler uses the last call; no agent emits this many parallel calls. A
+# candidate costs a JSON decode and, when that fails, an exception and a
+# name search (~5 us): a reply of nothing but 12-character openers
+# ("<tool_call>{") is 1,365 candidates in 16k characters, 5-9 ms.
+MAX_CALL_CANDIDATES = 64
+# End-of-turn tokens stripped from the end of a reply: a raw decode ends
+# with one or two. Each strip copies the text, so a reply of thousands of
+# them ("</s></s>...") would cost quadratic time.
+_MAX_TRAILING_SPECIALS = 4
 _COMMAND_ARGS = ("command", "cmd", "script", "code")
 _ACTION_ARGS = ("command", "action", "subcommand")
 _FENCE_LANGS = frozenset({"mswea_bash_command", "bash", "sh", "shell", "zsh"})
@@ -73,6 +93,19 @@ class _Finder:
             i = self.text.find(self.token, start)
             self.at = len(self.text) if i < 0 else i
         return self.at
+
+
+def _from_last(text: str, token: str, count: int) -> int:
+    """Where the last ``count`` occurrences of ``token`` in ``text`` begin
+    (0 when there are fewer): scanning from there reads at most ``count``
+    candidates. Linear: one backward pass over that tail."""
+    end = len(text)
+    for _ in range(count):
+        i = text.rfind(token, 0, end)
+        if i < 0:
+            return 0
+        end = i
+    return end
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -148,8 +181,11 @@ def _strip_noise(text: str) -> str:
         if close_tag in text or open_tag in text:
             text = _strip_block(text, open_tag, close_tag)
     text = text.rstrip()
-    while text.endswith(_TRAILING_SPECIALS):
-        text = next(text[: -len(t)] for t in _TRAILING_SPECIALS if text.endswith(t)).rstrip()
+    for _ in range(_MAX_TRAILING_SPECIALS):
+        special = next((t for t in _TRAILING_SPECIALS if text.endswith(t)), None)
+        if special is None:
+            break
+        text = text[: -len(special)].rstrip()
     return text
 
 
@@ -164,7 +200,12 @@ def _harmony(text: str) -> tuple[list[NativeCall], str]:
     ends = [(_Finder(text, token), len(token)) for token in _HARMONY_ENDS]
     calls: list[NativeCall] = []
     visible: list[str] = []
-    pos = 0
+    pos = _from_last(text, _HARMONY_MESSAGE, MAX_CALL_CANDIDATES)
+    if pos > 0:
+        # Earlier messages are not read: the first one read has its header
+        # after the last end token before it, as when all are read.
+        ends_before = ((text.rfind(token, 0, pos), len(token)) for token in _HARMONY_ENDS)
+        pos = max((i + n for i, n in ends_before if i >= 0), default=0)
     while True:
         m = text.find(_HARMONY_MESSAGE, pos)
         if m < 0:
@@ -189,7 +230,7 @@ def _harmony(text: str) -> tuple[list[NativeCall], str]:
 
 def _mistral(text: str) -> list[NativeCall]:
     calls: list[NativeCall] = []
-    for segment in text.split("[TOOL_CALLS]")[1:]:
+    for segment in text.split("[TOOL_CALLS]")[1:][-MAX_CALL_CANDIDATES:]:
         i = _skip_ws(segment, 0)
         if i >= len(segment):
             continue
@@ -208,12 +249,15 @@ def _mistral(text: str) -> list[NativeCall]:
     return calls
 
 
-def _xml_items(region: str, open_tag: str, close_tag: str) -> list[tuple[str, str]]:
+def _xml_items(
+    region: str, open_tag: str, close_tag: str, last: int | None = None
+) -> list[tuple[str, str]]:
     """``open_tag KEY>VALUE`` pairs; a value ends at ``close_tag``, the next
-    ``open_tag`` or the end of ``region`` (truncated generations count)."""
+    ``open_tag`` or the end of ``region`` (truncated generations count).
+    With ``last``, only the pairs of the last ``last`` open tags."""
     items: list[tuple[str, str]] = []
     closes = _Finder(region, close_tag)
-    pos = 0
+    pos = _from_last(region, open_tag, last) if last is not None else 0
     while True:
         o = region.find(open_tag, pos)
         if o < 0:
@@ -237,7 +281,7 @@ def _trim_newlines(value: str) -> str:
 
 def _qwen3_xml(region: str) -> list[NativeCall]:
     calls: list[NativeCall] = []
-    for name, body in _xml_items(region, "<function=", "</function>"):
+    for name, body in _xml_items(region, "<function=", "</function>", MAX_CALL_CANDIDATES):
         if name:
             items = _xml_items(body, "<parameter=", "</parameter>")
             params: dict[str, Any] = {k: _trim_newlines(v) for k, v in items if k}
@@ -251,7 +295,7 @@ def _tool_call_tags(text: str) -> list[NativeCall]:
         return _qwen3_xml(text) if "<function=" in text else []
     calls: list[NativeCall] = []
     closes = _Finder(text, "</tool_call>")
-    pos = 0
+    pos = _from_last(text, "<tool_call>", MAX_CALL_CANDIDATES)
     while True:
         o = text.find("<tool_call>", pos)
         if o < 0:
@@ -276,7 +320,7 @@ def _llama3_json(text: str) -> list[NativeCall]:
     if not text.startswith("{", _skip_ws(text, i)):
         return []
     calls: list[NativeCall] = []
-    while True:
+    while len(calls) < MAX_CALL_CANDIDATES:
         i = _skip_ws(text, i)
         if not text.startswith("{", i):
             break
@@ -341,11 +385,15 @@ def _extract(text: str, max_chars: int) -> list[NativeCall]:
 
 
 def extract_native_calls(text: str, max_chars: int = 65536) -> list[NativeCall]:
-    """All tool calls in a raw reply, in order; ``[]`` when there are none.
+    """The tool calls in a raw reply, in order; ``[]`` when there are none.
 
-    Only the last ``max_chars`` characters are read. The first structured
-    format found wins (Harmony, Mistral, ``<tool_call>``/``<function=``,
-    Llama-3 JSON); fenced shell blocks count only when none is present.
+    Only the last ``max_chars`` characters are read, and of a format that
+    marks calls one by one only the last ``MAX_CALL_CANDIDATES`` markers
+    (of a Llama-3 JSON sequence its first ``MAX_CALL_CANDIDATES`` calls), so
+    the last call of any real reply is found. The first structured format
+    found wins (Harmony, Mistral, ``<tool_call>``/``<function=``, Llama-3
+    JSON); fenced shell blocks count only when none is present. Time is
+    linear in the characters read.
     """
     try:
         return _extract(text, max_chars)

@@ -16,6 +16,15 @@ generation at the closing fence), with ``<think>`` sections removed first
 (terminated, unterminated, or only closed because the opening tag lived in
 the prompt). A shell tool is keyed by its command; any other tool by its name
 and sub-action (``str_replace_editor view``).
+
+A reply is attacker-controlled (through the prompt) and is parsed on the
+engine thread for every finished turn, so every scan here is linear in what
+it reads and what it reads is bounded: the last ``MAX_REPLY_CHARS`` of a
+reply, the first ``MAX_PARSED_CHARS`` of a command, the first and last
+``MAX_SIMPLE_COMMANDS // 2`` simple commands of it. Delimiters are located
+with ``str.find`` or with regexes that have no two quantifiers able to
+match the same characters (those backtrack quadratically); the reply's
+text is scanned by ``reply_scan`` and ``native_calls``.
 """
 
 from __future__ import annotations
@@ -26,14 +35,18 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from .native_calls import command_of, extract_native_calls, tool_key_of
+from .reply_scan import last_shell_block, strip_thinking
 
 __all__ = [
     "MAX_PARSED_CHARS",
+    "MAX_REPLY_CHARS",
+    "MAX_SIMPLE_COMMANDS",
     "NO_TOOL_KEY",
     "ToolCall",
     "shell_call",
     "extract_tool_call",
     "is_finish_action",
+    "parsed_prefix",
     "split_commands",
     "strip_thinking",
     "tool_key_for_command",
@@ -47,18 +60,23 @@ NO_TOOL_KEY = "<no-tool>"
 # engine thread and its results are stored per job and per tool, so both
 # are bounded whatever a client sends or a model emits: a command is cut to
 # its first MAX_PARSED_CHARS characters (the program and its first
-# arguments decide its key and class), a reply to its last MAX_REPLY_CHARS
-# (the tool call sits at the end).
+# arguments decide its key and class) -- fewer where its characters are
+# wider than Latin-1, so that the kept text never takes more than
+# MAX_PARSED_CHARS bytes (CPython stores 1, 2 or 4 bytes per character,
+# by the widest one) -- and a reply to its last MAX_REPLY_CHARS (the tool
+# call sits at the end: a call further back is not found).
 MAX_PARSED_CHARS = 2048
 MAX_REPLY_CHARS = 16384
+# Simple commands kept of one call: its first and last MAX_SIMPLE_COMMANDS
+# // 2. The head holds the set-up (cd, source, the heredoc that writes a
+# script), the tail what runs (the key comes from the last command that
+# does work). Every kept one costs a string header (~80 bytes) per job and
+# a tokenisation per parse: `a;b;c;...` at MAX_PARSED_CHARS used to keep
+# 683-1,024 of them (43-99 KB per job, 7-10 ms to key).
+MAX_SIMPLE_COMMANDS = 16
 # Longest history key kept (a program name can be a single huge word).
 MAX_KEY_CHARS = 128
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_FENCE = re.compile(
-    r"```[ \t]*(bash|sh|shell|console|zsh|terminal)?[ \t]*\n(.*?)(?:\n?```|\Z)",
-    re.DOTALL | re.IGNORECASE,
-)
 # Splits a command line into simple commands. Pipes are kept apart from the
 # sequencing operators because they pick a different "main" command. No
 # \s* around the operators: on a long run of spaces that backtracks
@@ -89,12 +107,19 @@ _PYTHON_NAMES = re.compile(r"^python(\d+(\.\d+)?)?$")
 class ToolCall:
     """A parsed tool call.
 
+    Invariant (for calls built by ``shell_call``): ``command`` is at most
+    ``MAX_PARSED_CHARS`` characters and bytes of text, ``commands`` at most
+    ``MAX_SIMPLE_COMMANDS`` pieces of it and ``tool_key`` at most
+    ``MAX_KEY_CHARS`` characters: at most 8 KB in all, whatever the input
+    (about 6.2 KB in the worst cases ``tests/test_threat_parsing.py`` builds).
+
     Attributes:
-        command: the full command text of the block that won (for a tool
-            that is not a shell: its name).
+        command: the command text of the block that won, cut to what is
+            parsed (for a tool that is not a shell: its name).
         tool_key: the history key (see ``tool_key_for_command``).
         commands: the simple commands the block consists of, in order
-            (empty for a tool that is not a shell).
+            (empty for a tool that is not a shell; of a longer chain only
+            the first and last ``MAX_SIMPLE_COMMANDS // 2``).
         tool: ``SHELL_TOOL`` for shell commands, else the tool's name.
     """
 
@@ -104,37 +129,36 @@ class ToolCall:
     tool: str = "bash"
 
 
+def parsed_prefix(command: str) -> str:
+    """What is parsed of ``command``: its first ``MAX_PARSED_CHARS``
+    characters, cut further so that they take at most ``MAX_PARSED_CHARS``
+    bytes (1,024 characters of text beyond Latin-1, 512 beyond the BMP).
+
+    Returns ``command`` itself when it is short enough (no copy), so a cache
+    keyed by the prefix shares its text with the parsed call.
+    """
+    head = command[:MAX_PARSED_CHARS]
+    if head.isascii():  # the common case, and a C-speed check
+        return head
+    widest = ord(max(head))
+    width = 1 if widest < 0x100 else 2 if widest < 0x10000 else 4
+    return head[: MAX_PARSED_CHARS // width]
+
+
 def shell_call(command: str) -> ToolCall:
     """The call of a shell command (a client's ``tool_command`` hint, a
-    fenced block, a native bash tool call), parsed from at most its first
-    ``MAX_PARSED_CHARS`` characters."""
-    command = command[:MAX_PARSED_CHARS]
-    return ToolCall(command, tool_key_for_command(command), tuple(split_commands(command)))
+    fenced block, a native bash tool call), parsed from ``parsed_prefix``
+    of it; at most ``MAX_SIMPLE_COMMANDS`` simple commands are kept."""
+    command = parsed_prefix(command)
+    pipelines = _kept_pipelines(_pipelines(command))
+    commands = tuple(piece for pipeline in pipelines for piece in pipeline)
+    return ToolCall(command, _key_of_pipelines(pipelines), commands)
 
 
 def named_call(name: str, key: str | None = None) -> ToolCall:
     """The call of a tool that is not a shell (by name, e.g. ``finish``)."""
     name = name[:MAX_KEY_CHARS]
     return ToolCall(name, (key or name)[:MAX_KEY_CHARS], (), tool=name)
-
-
-def strip_thinking(text: str) -> str:
-    """Remove reasoning sections so a command quoted while thinking is not
-    mistaken for the tool call."""
-    text = _THINK_BLOCK.sub("", text)
-    lower = text.lower()
-    # Opening tag in the prompt (chat templates that pre-open <think>): only
-    # the closing tag is in the reply, everything before it was thinking.
-    close = lower.rfind("</think>")
-    if close != -1:
-        text = text[close + len("</think>"):]
-        lower = text.lower()
-    # Unterminated thinking (generation stopped while reasoning): nothing
-    # after the tag is an answer.
-    open_ = lower.find("<think>")
-    if open_ != -1:
-        text = text[:open_]
-    return text
 
 
 def is_finish_action(call: ToolCall, actions: Collection[str]) -> bool:
@@ -147,19 +171,60 @@ def is_finish_action(call: ToolCall, actions: Collection[str]) -> bool:
     return any(" ".join(simple.split()) in actions for simple in call.commands)
 
 
+def _pipelines(command: str) -> list[list[str]]:
+    """The simple commands of a command line, grouped by pipeline, in order.
+
+    Pieces are stripped; blank ones and comments are dropped, as are
+    pipelines left empty. Linear: two regex splits without quantifiers.
+    """
+    pipelines: list[list[str]] = []
+    for sequence_item in _SEQUENCE_SPLIT.split(command):
+        if "|" not in sequence_item:  # the usual case, without a second split
+            piece = sequence_item.strip()
+            if piece and piece[0] != "#":
+                pipelines.append([piece])
+            continue
+        pipeline = [
+            piece
+            for piece in map(str.strip, _PIPE_SPLIT.split(sequence_item))
+            if piece and piece[0] != "#"
+        ]
+        if pipeline:
+            pipelines.append(pipeline)
+    return pipelines
+
+
+def _kept_pipelines(pipelines: list[list[str]]) -> list[list[str]]:
+    """``pipelines`` with only the first and last ``MAX_SIMPLE_COMMANDS // 2``
+    simple commands (pipelines cut at the gap keep their kept side)."""
+    total = sum(len(pipeline) for pipeline in pipelines)
+    if total <= MAX_SIMPLE_COMMANDS:
+        return pipelines
+    head = MAX_SIMPLE_COMMANDS // 2
+    tail_from = total - (MAX_SIMPLE_COMMANDS - head)
+    kept: list[list[str]] = []
+    index = 0
+    for pipeline in pipelines:
+        part = [
+            piece
+            for i, piece in enumerate(pipeline, start=index)
+            if i < head or i >= tail_from
+        ]
+        index += len(pipeline)
+        if part:
+            kept.append(part)
+    return kept
+
+
 def split_commands(command: str) -> list[str]:
     """Split a command line on ``&&``, ``||``, ``;``, newlines and pipes.
 
     Pipes are returned as one item each side, so ``cat a | grep b && ls``
     gives ``["cat a", "grep b", "ls"]``. Comments and blank parts are dropped.
+    All parts are returned (linear time); ``shell_call`` keeps at most
+    ``MAX_SIMPLE_COMMANDS`` of them.
     """
-    parts: list[str] = []
-    for sequence_item in _SEQUENCE_SPLIT.split(command):
-        for piece in _PIPE_SPLIT.split(sequence_item):
-            piece = piece.strip()
-            if piece and not piece.startswith("#"):
-                parts.append(piece)
-    return parts
+    return [piece for pipeline in _pipelines(command) for piece in pipeline]
 
 
 def _tokens(simple_command: str) -> list[str]:
@@ -218,27 +283,39 @@ def _python_key(args: list[str]) -> str:
     return "python"
 
 
+def _key_of_pipelines(pipelines: list[list[str]]) -> str:
+    """Key of the last pipeline that has one: its first keyed command.
+
+    Read from the end, so the usual chain costs one tokenisation; at most
+    one per simple command of ``pipelines`` (bounded by the caller)."""
+    for pipeline in reversed(pipelines):
+        for piece in pipeline:
+            key = _key_of_simple_command(piece)
+            if key is not None:
+                return key[:MAX_KEY_CHARS]
+    return NO_TOOL_KEY
+
+
 def tool_key_for_command(command: str) -> str:
-    """History key of a command line.
+    """History key of a command line (the one ``shell_call`` gives it).
 
     Sequencing (``cd repo && pytest -x``) keys on the last command that does
     real work; a pipeline (``cat f | grep x``) keys on its first command,
     which produces the data. Keys are finer than the first word: the
     subcommand of ``git``/``pip``/``make``/..., the module of ``python -m``.
+    Only what ``shell_call`` keeps is read (``parsed_prefix``, the first and
+    last ``MAX_SIMPLE_COMMANDS // 2`` simple commands).
     """
-    key: str | None = None
-    for sequence_item in _SEQUENCE_SPLIT.split(command):
-        pipeline = [p for p in _PIPE_SPLIT.split(sequence_item) if p.strip()]
-        for piece in pipeline:
-            piece_key = _key_of_simple_command(piece)
-            if piece_key is not None:
-                key = piece_key
-                break
-    return key[:MAX_KEY_CHARS] if key is not None else NO_TOOL_KEY
+    return _key_of_pipelines(_kept_pipelines(_pipelines(parsed_prefix(command))))
 
 
 def extract_tool_call(text: str) -> ToolCall | None:
-    """Return the tool call a reply ends with, or None when there is none."""
+    """Return the tool call a reply ends with, or None when there is none.
+
+    Only the last ``MAX_REPLY_CHARS`` characters are read; any reply costs
+    linear time in those (under 10 ms on a slow 2-core EPYC, see
+    ``tests/test_threat_parsing.py``) and never raises.
+    """
     if not text:
         return None
     text = text[-MAX_REPLY_CHARS:]
@@ -249,12 +326,5 @@ def extract_tool_call(text: str) -> ToolCall | None:
         if command is not None:
             return shell_call(command)
         return named_call(last.name, tool_key_of(last))
-    answer = strip_thinking(text)
-    blocks = [
-        m.group(2).strip()
-        for m in _FENCE.finditer(answer)
-        if m.group(1) is not None and m.group(2).strip()
-    ]
-    if not blocks:
-        return None
-    return shell_call(blocks[-1])
+    block = last_shell_block(strip_thinking(text))
+    return shell_call(block) if block is not None else None

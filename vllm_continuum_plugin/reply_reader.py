@@ -22,7 +22,7 @@ from typing import Any
 
 from vllm.v1.request import Request, RequestStatus
 
-from .estimators.parser import MAX_PARSED_CHARS, ToolCall, extract_tool_call, shell_call
+from .estimators.parser import ToolCall, extract_tool_call, parsed_prefix, shell_call
 from .metadata import JobMetadata
 
 logger = logging.getLogger("vllm.continuum_plugin")
@@ -45,8 +45,10 @@ def stop_token_ids(request: Request) -> frozenset[int]:
     return frozenset(ids)
 
 
-# Agents re-run the same commands: a hint is parsed once. (Hints are at most
-# MAX_HINT_CHARS, parsed up to MAX_PARSED_CHARS: the cache is bounded in bytes.)
+# Agents re-run the same commands: a hint is parsed once. The cache is keyed
+# by what is parsed of a hint (``parsed_prefix``: at most MAX_PARSED_CHARS
+# bytes of text, shared with the cached call's ``command``), so each entry
+# holds one parsed call (<= 8 KB, see ``ToolCall``) and the cache <= 8 MB.
 _hinted_shell_call = functools.lru_cache(maxsize=1024)(shell_call)
 
 
@@ -133,7 +135,7 @@ class ReplyReader:
         """The tool the finished turn calls: client hints first, else parsed
         from the reply (decoded here unless a stop-string check already did)."""
         if meta.tool_command:
-            return _hinted_shell_call(meta.tool_command[:MAX_PARSED_CHARS])
+            return _hinted_shell_call(parsed_prefix(meta.tool_command))
         if meta.tool_name:
             return ToolCall(meta.tool_name, meta.tool_name, (meta.tool_name,))
         if reply_text is None and request.num_output_tokens > 0:
