@@ -52,6 +52,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from vllm_continuum_plugin.ranges import DAY_S, Range, check_ranges, ranged
+
 from .parser import ToolCall
 from .ttl import hint_ttl, TTLContext, TTLDecision
 
@@ -110,66 +112,63 @@ class Prediction:
 
 @dataclass(frozen=True)
 class ContextServeConfig:
-    """Settings of the ContextServe predictor. Validated on construction:
-    a bad value raises ``ValueError`` naming the field and the value."""
+    """Settings of the ContextServe predictor.
+
+    Invariants after construction (``__post_init__`` raises ``ValueError``
+    naming the field, the value and the allowed range otherwise): every
+    numeric field lies in its declared ``Range`` (finite; an ``int`` field
+    holds an ``int``, never a ``bool``); ``slow_threshold_s >=
+    fast_threshold_s``; a path is None or a non-empty string. The ranges of
+    the settings shared with ``ContinuumConfig`` are the same as there.
+    """
 
     # A tool is FAST if it likely returns within this many seconds.
-    fast_threshold_s: float = 2.0
+    fast_threshold_s: float = ranged(2.0, Range(0.0, DAY_S, lo_open=True))
     # SLOW if it likely takes at least this long (between the two: UNCERTAIN).
-    slow_threshold_s: float = 10.0
+    slow_threshold_s: float = ranged(10.0, Range(0.0, DAY_S, lo_open=True))
     # Probability mass needed to call FAST/SLOW (Bayesian) and the
     # classifier's probability threshold.
-    confidence: float = 0.8
-    # The Bayesian layer abstains for a tool with fewer samples.
-    min_observations: int = 3
-    # Upper bound on any TTL.
-    max_ttl_s: float = 60.0
+    confidence: float = ranged(0.8, Range(0.5, 1.0, hi_open=True))
+    # The Bayesian layer abstains for a tool with fewer samples (a million
+    # samples of one tool never come: a larger value only disables the layer).
+    min_observations: int = ranged(3, Range(1, 1_000_000, integer=True))
+    # Upper bound on any TTL (at most a day: a longer pin is a leak).
+    max_ttl_s: float = ranged(60.0, Range(0.0, DAY_S, lo_open=True))
     # JSON file overriding / adding rules (format: rules.py); None = shipped defaults only.
     rules_path: str | None = None
     # Classifier model (xgboost JSON); None = the shipped bootstrap model.
     xgb_model_path: str | None = None
     # New labelled samples between background refits of the classifier.
-    refit_every: int = 200
-    # Bounded FIFO training buffer of the classifier.
-    max_training_samples: int = 5000
+    refit_every: int = ranged(200, Range(1, 1_000_000, integer=True))
+    # Bounded FIFO training buffer of the classifier (each sample holds at
+    # most 2048 characters of command: a million stay near 2 GiB).
+    max_training_samples: int = ranged(5000, Range(1, 1_000_000, integer=True))
     # Seed of the Bayesian layer's Thompson sampling (None: from the OS).
-    seed: int | None = 0
+    # Non-negative: random.Random(-s) is random.Random(s).
+    seed: int | None = ranged(0, Range(0, 2**64 - 1, integer=True, allow_none=True))
     # Tool keys the Bayesian layer keeps posteriors for (LRU).
-    max_tools: int = 4096
+    max_tools: int = ranged(4096, Range(1, 2**16, integer=True))
 
     def __post_init__(self) -> None:
-        _require(_finite(self.fast_threshold_s) and self.fast_threshold_s > 0,
-                 "fast_threshold_s", self.fast_threshold_s, "a finite number > 0")
-        _require(_finite(self.slow_threshold_s) and self.slow_threshold_s >= self.fast_threshold_s,
+        # Every numeric field against its declared range, then the one
+        # constraint that relates two fields.
+        check_ranges(self, _fail)
+        _require(self.slow_threshold_s >= self.fast_threshold_s,
                  "slow_threshold_s", self.slow_threshold_s,
-                 f"a finite number >= fast_threshold_s ({self.fast_threshold_s!r})")
-        _require(_finite(self.confidence) and 0.5 <= self.confidence < 1.0,
-                 "confidence", self.confidence, "in [0.5, 1)")
-        _require(_is_int(self.min_observations) and self.min_observations >= 1,
-                 "min_observations", self.min_observations, "an integer >= 1")
-        _require(_finite(self.max_ttl_s) and self.max_ttl_s > 0, "max_ttl_s", self.max_ttl_s, "a finite number > 0")
+                 f">= fast_threshold_s ({self.fast_threshold_s!r})")
         for name in ("rules_path", "xgb_model_path"):
             value = getattr(self, name)
             _require(value is None or (isinstance(value, str) and value != ""),
                      name, value, "None or a non-empty path string")
-        _require(_is_int(self.refit_every) and self.refit_every >= 1, "refit_every", self.refit_every, "an integer >= 1")
-        _require(_is_int(self.max_training_samples) and self.max_training_samples >= 1,
-                 "max_training_samples", self.max_training_samples, "an integer >= 1")
-        _require(self.seed is None or _is_int(self.seed), "seed", self.seed, "None or an integer")
-        _require(_is_int(self.max_tools) and self.max_tools >= 1, "max_tools", self.max_tools, "an integer >= 1")
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _require(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
-        raise ValueError(f"ContextServeConfig.{name}={value!r} is invalid; expected {expected}")
+        _fail(name, value, expected)
+
+
+def _fail(name: str, value: object, expected: str) -> None:
+    raise ValueError(f"ContextServeConfig.{name}={value!r} is invalid; expected {expected}")
 
 
 @runtime_checkable

@@ -276,13 +276,19 @@ def best_tau_interval(sorted_samples: np.ndarray, benefit_s: float, max_ttl_s: f
 
 
 class FixedTTLPolicy:
-    """The released fork's rule: pin ``fixed_ttl_s`` iff mean(tool) <= it."""
+    """The released fork's rule: pin ``fixed_ttl_s`` iff mean(tool) <= it.
+
+    Invariant: ``0 <= ttl_s <= max_ttl_s``. ``fixed_ttl_s`` is clamped to
+    ``max_ttl_s`` once, as TTL and threshold alike, so the rule stays "pin
+    for T iff the tool returns within T" with T the TTL actually held.
+    """
 
     name = "fixed"
 
-    def __init__(self, history: ToolDurationHistory, fixed_ttl_s: float = 2.0) -> None:
+    def __init__(self, history: ToolDurationHistory, fixed_ttl_s: float = 2.0,
+                 max_ttl_s: float = math.inf) -> None:
         self.history = history
-        self.fixed_ttl_s = fixed_ttl_s
+        self.fixed_ttl_s = min(fixed_ttl_s, max_ttl_s)
 
     def decide(self, ctx: TTLContext) -> TTLDecision:
         mean = self.history.mean(ctx.tool_key)
@@ -306,5 +312,5 @@ def make_ttl_policy(
     if name == "cdf":
         return CDFTTLPolicy(history, prefill, default_ttl_s, max_ttl_s, cold_start_samples)
     if name == "fixed":
-        return FixedTTLPolicy(history, fixed_ttl_s)
+        return FixedTTLPolicy(history, fixed_ttl_s, max_ttl_s)
     raise ValueError(f"unknown ttl_policy {name!r}; expected 'priced', 'cdf' or 'fixed'")

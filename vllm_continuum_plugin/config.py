@@ -4,23 +4,38 @@ Precedence (later wins): defaults < ``CONTINUUM_<NAME>`` environment variables
 < ``--additional-config '{"continuum": {"<name>": ...}}'``. Unknown keys and
 bad values raise ``ValueError`` naming the key, the value and what is allowed,
 so a typo fails at startup instead of silently doing nothing.
+
+Every numeric setting is declared with its range (``ranged(default,
+Range(...))``, see ``ranges.py``): finite bounds, so ``inf``, ``nan`` and
+absurd values (a TTL of 1e308 s, 10**12 jobs) stop startup with an error
+naming the setting, the value, where it came from and the allowed range.
+Durations are at most a day (``DAY_S``); table sizes and counts have caps
+whose reasons (memory, work per decision) the field comments give.
+README's configuration table states each range.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from .ranges import DAY_S, RANGE_KEY, Range, check_ranges, ranged
 
 __all__ = ["ContinuumConfig", "ENV_PREFIX", "load_config"]
 
 ENV_PREFIX = "CONTINUUM_"
 ADDITIONAL_CONFIG_SECTION = "continuum"
 TTL_POLICIES = ("priced", "cdf", "fixed")
-MAX_TTL_LIMIT_S = 86400.0
+
+# Ranges shared by several settings.
+_SECONDS = Range(0.0, DAY_S)  # a duration; 0 allowed (e.g. "never pin")
+_POSITIVE_SECONDS = Range(0.0, DAY_S, lo_open=True)  # a threshold; 0 is meaningless
+# Tables that fill with traffic hold roughly 1 KiB per job or implicit turn,
+# so 2**20 entries stay near a GiB.
+_MAX_TABLE_ENTRIES = 2**20
 # mini-swe-agent's, SWE-agent's, OpenHands', Cline's and Codex-style finish actions.
 DEFAULT_FINISH_ACTIONS = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT|submit|finish|attempt_completion|task_complete"
 
@@ -30,6 +45,12 @@ class ContinuumConfig:
     """Settings of the ``continuum`` and ``context_serve`` policies.
 
     Each field's comment is what README's configuration table repeats.
+
+    Invariants after construction (``__post_init__`` raises ``ValueError``
+    naming the field, the value and the allowed range otherwise): every
+    ranged field lies in its declared ``Range`` (finite, typed: an ``int``
+    field holds an ``int``, never a ``bool``); ``ttl_policy`` is one of
+    ``TTL_POLICIES``; ``slow_threshold_s >= fast_threshold_s``.
     """
 
     # TTL rule: "priced" (the paper's CDF rule with holding priced by the
@@ -38,59 +59,67 @@ class ContinuumConfig:
     # <= fixed_ttl_s).
     ttl_policy: str = "priced"
     # TTL used before cold_start_samples tool durations have been measured.
-    default_ttl_s: float = 2.0
-    # Upper bound on any TTL.
-    max_ttl_s: float = 60.0
-    # TTL of the "fixed" policy and its fast/slow threshold.
-    fixed_ttl_s: float = 2.0
+    default_ttl_s: float = ranged(2.0, _SECONDS)
+    # Upper bound on any TTL (at most a day: a longer pin is a leak).
+    max_ttl_s: float = ranged(60.0, _SECONDS)
+    # TTL of the "fixed" policy and its fast/slow threshold (the policy
+    # clamps it to max_ttl_s, like every other TTL).
+    fixed_ttl_s: float = ranged(2.0, _SECONDS)
     # Samples needed before the global (then per-tool) distribution is used.
-    cold_start_samples: int = 100
+    # Only a threshold (no memory): above history_max_samples the default
+    # TTL is kept for good, which benchmarks use; capped only to refuse
+    # absurd input.
+    cold_start_samples: int = ranged(100, Range(1, 2**31 - 1, integer=True))
     # Client overhead in a tool gap (gap minus the tool's own run time)
     # assumed until it is measured; TTLs from tool-duration estimates add it.
-    round_trip_default_s: float = 2.5
+    round_trip_default_s: float = ranged(2.5, _SECONDS)
     # Job order: a job's turns rank by its arrival, but never by more than
     # this many seconds before their own arrival.
-    job_priority_window_s: float = 600.0
+    job_priority_window_s: float = ranged(600.0, _SECONDS)
     # Job order: a turn arriving this long after its job's last finish starts
     # the job afresh (ranks by its own arrival).
-    job_idle_reset_s: float = 300.0
+    job_idle_reset_s: float = ranged(300.0, _SECONDS)
     # Largest share of the KV pool that pins may hold (0 < x <= 1).
-    max_pinned_fraction: float = 0.5
+    max_pinned_fraction: float = ranged(0.5, Range(0.0, 1.0, lo_open=True))
     # Admission: hold a new job's first turn while the contexts of the jobs
     # under way fill the KV pool (at most job_priority_window_s; off with a
     # KV connector, whose tier the pool bound does not count).
     admission: bool = True
-    # Samples kept per tool key (and globally) for the CDF.
-    history_max_samples: int = 4096
+    # Samples kept per tool key (and globally) for the CDF. Capped at 2**16:
+    # each new sample is an O(n) insert and each decision an O(n) pass on
+    # the scheduler thread.
+    history_max_samples: int = ranged(4096, Range(1, 2**16, integer=True))
     # Tool keys kept (least recently used dropped).
-    history_max_tools: int = 1024
+    history_max_tools: int = ranged(1024, Range(1, 2**16, integer=True))
     # Jobs tracked (least recently used idle job dropped).
-    max_jobs: int = 65536
-    # Rebuild cost per context token before prefill times have been measured.
-    prefill_seconds_per_token: float = 2e-4
+    max_jobs: int = ranged(65536, Range(1, _MAX_TABLE_ENTRIES, integer=True))
+    # Rebuild cost per context token before prefill times have been measured
+    # (a second per token is slower than any real prefill).
+    prefill_seconds_per_token: float = ranged(2e-4, Range(0.0, 1.0))
     # Treat a turn aborted by the API server because a stop string matched as
     # a normal finish (its KV is complete and the next turn will come).
     pin_on_stop_string: bool = True
     # ContextServe: a tool is FAST if it likely returns within this.
-    fast_threshold_s: float = 2.0
+    fast_threshold_s: float = ranged(2.0, _POSITIVE_SECONDS)
     # ContextServe: SLOW if it likely takes at least this (between: UNCERTAIN).
-    slow_threshold_s: float = 10.0
+    slow_threshold_s: float = ranged(10.0, _POSITIVE_SECONDS)
     # ContextServe: probability needed to call a tool FAST or SLOW.
-    confidence: float = 0.8
+    confidence: float = ranged(0.8, Range(0.5, 1.0, hi_open=True))
     # ContextServe: JSON rules file added to the shipped rules ("" = none).
     rules_path: str = ""
     # ContextServe: XGBoost model file ("" = the shipped bootstrap model).
     xgb_model_path: str = ""
     # ContextServe: labelled tool calls the classifier keeps for refits (FIFO;
     # each holds at most 2048 characters of command).
-    xgb_max_training_samples: int = 5000
+    xgb_max_training_samples: int = ranged(5000, Range(1, 1_000_000, integer=True))
     # Recognise agent turns that carry no job id by their prompt continuing a
     # finished turn that called a tool (implicit jobs).
     implicit_jobs: bool = True
     # Finished turns of implicit jobs remembered for their next turn (LRU).
-    implicit_max_jobs: int = 4096
+    implicit_max_jobs: int = ranged(4096, Range(0, _MAX_TABLE_ENTRIES, integer=True))
     # Block hashes those turns may hold in all (bounds their memory; LRU).
-    implicit_max_blocks: int = 262144
+    # ~150 B per hash counted: 2**22 stay under a GiB.
+    implicit_max_blocks: int = ranged(262144, Range(0, 2**22, integer=True))
     # Tool calls that end a job (its last turn, without an is_last_step flag):
     # a shell command equal to one of these simple commands, or a tool of this
     # name; "|"-separated (or a JSON list in --additional-config).
@@ -106,50 +135,34 @@ class ContinuumConfig:
                 f"continuum setting ttl_policy={self.ttl_policy!r} is invalid; "
                 f"expected one of {TTL_POLICIES}"
             )
-        _require(self.default_ttl_s >= 0, "default_ttl_s", self.default_ttl_s, ">= 0")
-        _require(0 <= self.max_ttl_s <= MAX_TTL_LIMIT_S, "max_ttl_s", self.max_ttl_s,
-                 f"in [0, {MAX_TTL_LIMIT_S:.0f}] (a pin longer than a day is a leak)")
-        _require(
-            1 <= self.xgb_max_training_samples <= 1_000_000,
-            "xgb_max_training_samples", self.xgb_max_training_samples, "in [1, 1000000]",
-        )
-        _require(self.fixed_ttl_s >= 0, "fixed_ttl_s", self.fixed_ttl_s, ">= 0")
-        for name in ("round_trip_default_s", "job_priority_window_s", "job_idle_reset_s"):
-            value = getattr(self, name)
-            _require(math.isfinite(value) and value >= 0, name, value, "a finite number >= 0")
-        _require(self.cold_start_samples >= 1, "cold_start_samples", self.cold_start_samples, ">= 1")
-        _require(
-            0.0 < self.max_pinned_fraction <= 1.0,
-            "max_pinned_fraction", self.max_pinned_fraction, "in (0, 1]",
-        )
-        _require(self.history_max_samples >= 1, "history_max_samples", self.history_max_samples, ">= 1")
-        _require(self.history_max_tools >= 1, "history_max_tools", self.history_max_tools, ">= 1")
-        _require(self.max_jobs >= 1, "max_jobs", self.max_jobs, ">= 1")
-        _require(
-            self.prefill_seconds_per_token >= 0,
-            "prefill_seconds_per_token", self.prefill_seconds_per_token, ">= 0",
-        )
-
-        _require(self.fast_threshold_s > 0, "fast_threshold_s", self.fast_threshold_s, "> 0")
+        # Every numeric field against its declared range, then the one
+        # constraint that relates two fields.
+        check_ranges(self, _fail)
         _require(
             self.slow_threshold_s >= self.fast_threshold_s,
             "slow_threshold_s", self.slow_threshold_s, f">= fast_threshold_s ({self.fast_threshold_s!r})",
         )
-        _require(self.implicit_max_jobs >= 0, "implicit_max_jobs", self.implicit_max_jobs, ">= 0")
-        _require(self.implicit_max_blocks >= 0, "implicit_max_blocks", self.implicit_max_blocks, ">= 0")
-        _require(0.5 <= self.confidence < 1.0, "confidence", self.confidence, "in [0.5, 1)")
 
 
 def _require(ok: bool, name: str, value: Any, expectation: str) -> None:
     if not ok:
-        raise ValueError(f"continuum setting {name}={value!r} is invalid; expected {expectation}")
+        _fail(name, value, expectation)
+
+
+def _fail(name: str, value: Any, expectation: str, source: str | None = None) -> None:
+    origin = f" from {source}" if source else ""
+    raise ValueError(f"continuum setting {name}={value!r}{origin} is invalid; expected {expectation}")
 
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _coerce(name: str, field_type: Any, raw: Any, source: str) -> Any:
+def _coerce(name: str, field_type: Any, raw: Any, source: str, expected: str | None = None) -> Any:
+    """``raw`` as ``field_type``; a value of the wrong type raises
+    ``ValueError`` naming the setting, the value, its source and (when
+    given) the ``expected`` range. Booleans take ``true/false``, ``1/0``,
+    ``yes/no``, ``on/off`` as bools, strings or ints."""
     kind = field_type if isinstance(field_type, type) else {"str": str, "float": float, "int": int, "bool": bool}[field_type]
     try:
         if kind is bool:
@@ -176,24 +189,43 @@ def _coerce(name: str, field_type: Any, raw: Any, source: str) -> Any:
         if not isinstance(raw, str):
             raise ValueError
         return raw
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
+        # OverflowError: float() of a JSON integer literal beyond 1.8e308.
+        hint = f"; expected {expected}" if expected else ""
         raise ValueError(
-            f"continuum setting {name}={raw!r} from {source} is not a valid {kind.__name__}"
+            f"continuum setting {name}={raw!r} from {source} is not a valid {kind.__name__}{hint}"
         ) from None
+
+
+def _read(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
+    """``raw`` from ``source`` as field ``f``'s type, checked against its
+    declared range here so the error also says where the value came from
+    (``ContinuumConfig.__post_init__`` checks the whole config again)."""
+    value_range: Range | None = f.metadata.get(RANGE_KEY)
+    expected = value_range.describe() if value_range is not None else None
+    value = _coerce(f.name, f.type, raw, source, expected)
+    if value_range is not None and not value_range.contains(value):
+        _fail(f.name, value, value_range.describe(), source)
+    return value
 
 
 def load_config(
     additional_config: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ContinuumConfig:
-    """Build the config from the environment and vLLM's additional_config."""
+    """Build the config from the environment and vLLM's additional_config.
+
+    Every value read is type-checked and range-checked before it is used,
+    including an environment value that ``--additional-config`` overrides:
+    a bad setting anywhere stops startup rather than lying in wait.
+    """
     environ = os.environ if environ is None else environ
     by_name = {f.name: f for f in fields(ContinuumConfig)}
     values: dict[str, Any] = {}
     for name, f in by_name.items():
         env_name = ENV_PREFIX + name.upper()
         if env_name in environ:
-            values[name] = _coerce(name, f.type, environ[env_name], env_name)
+            values[name] = _read(f, environ[env_name], env_name)
     section = (additional_config or {}).get(ADDITIONAL_CONFIG_SECTION)
     if section is not None:
         if not isinstance(section, Mapping):
@@ -207,5 +239,5 @@ def load_config(
                     f"unknown continuum setting {key!r} in --additional-config; "
                     f"known settings: {', '.join(sorted(by_name))}"
                 )
-            values[key] = _coerce(key, by_name[key].type, raw, "--additional-config")
+            values[key] = _read(by_name[key], raw, "--additional-config")
     return dataclasses.replace(ContinuumConfig(), **values)
