@@ -199,6 +199,8 @@ def test_continuum_learns_what_reloading_from_vllms_native_tier_costs(model_dir:
         assert tier.coverage.mean() > 0.9  # write-through stores: the tier has what the GPU lost
         reload = tier.rebuild_seconds(4000, scheduler.prefill_cost.seconds)
         assert reload is not None and 0 < reload < scheduler.prefill_cost.seconds(4000)
+        # So a waiting request may take an older job's pin: the tier has it.
+        assert scheduler._pins_are_cheap()
     finally:
         engine.scheduler.shutdown()
 

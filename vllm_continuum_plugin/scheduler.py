@@ -204,7 +204,7 @@ class ContinuumSchedulerMixin:
             block_size=self.block_size,
             free_blocks=self._free_after_fence,
         )
-        self.soft_pins = SoftPins(self, self.pins, self.order)
+        self.soft_pins = SoftPins(self, self.pins, self.order, pins_are_cheap=self._pins_are_cheap)
         self.admission: AdmissionGate | None = None
         if cfg.admission and self.pinning_enabled and self.connector is None:
             self.admission = AdmissionGate(
@@ -606,6 +606,17 @@ class ContinuumSchedulerMixin:
         pool = self.kv_cache_manager.block_pool
         blocks = min(len(request.block_hashes), request.num_tokens // self.block_size)
         return blocks / max(1, pool.num_gpu_blocks - 1) * min(1.0, max(0.0, pool.get_usage()))
+
+    def _pins_are_cheap(self) -> bool:
+        """A foreign connector's tier holds what a pin would keep and
+        reloads it faster than a prefill (measured): dropping a pin costs a
+        reload, so soft pins give way to any request."""
+        tier = self.tier
+        if tier is None or not tier.ready:
+            return False
+        probe = 16 * 1024  # tokens: a typical agent context, only to compare the two slopes
+        reload = tier.rebuild_seconds(probe, self.prefill_cost.seconds)
+        return reload is not None and reload < self.prefill_cost.seconds(probe)
 
     def _rebuild_seconds(self, request: Request) -> float | None:
         """With the plugin's offload connector, rebuilding the context costs a

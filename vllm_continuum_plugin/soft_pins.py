@@ -11,7 +11,10 @@ reason ``pressure``) and retries:
   would idle the engine), may take any pin;
 * a waiting request only takes pins of jobs ranked after its own (job-level
   FCFS applied to memory: a new job does not evict the context of an older
-  job in a tool gap).
+  job in a tool gap) -- unless a dropped pin is cheap to rebuild
+  (``pins_are_cheap``: a second KV tier holds it and its measured reload
+  beats a prefill), when holding an older job's context must not keep a
+  newer request out of the engine.
 
 The wrapper costs a Python call per scheduled request, so :meth:`arm` installs
 it (an instance attribute over the manager's method) only in steps where an
@@ -42,7 +45,13 @@ __all__ = ["SoftPins"]
 class SoftPins:
     """The soft-pin wrapper over one scheduler's KV cache manager."""
 
-    def __init__(self, scheduler: Any, pins: PinManager, order: JobOrder) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        pins: PinManager,
+        order: JobOrder,
+        pins_are_cheap: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._scheduler = scheduler
         self._pins = pins
         manager = scheduler.kv_cache_manager
@@ -56,7 +65,7 @@ class SoftPins:
             return pins.release_for(
                 own_job=request_meta(request).job_id,
                 own_arrival=order.ranked_arrival(request),
-                any_pin=request.status == RequestStatus.RUNNING or not scheduler.running,
+                any_pin=request.status == RequestStatus.RUNNING or not scheduler.running or pins_are_cheap(),
                 retry=lambda: original(request, *args, **kwargs),
             )
 

@@ -32,6 +32,10 @@ class ArmSummary:
     ttft_mean_s: float
     ttft_p90_s: float
     queue_mean_s: float
+    # Longest a job waited from its arrival until its first turn was first
+    # scheduled (the admission gate's, a session cap's and the queue's wait):
+    # the starvation bound that a policy must state, as measured.
+    first_wait_max_s: float
     hit_share: float  # prompt tokens served from the prefix cache at admission / all prompt tokens
     reusable_share: float  # what a pool that never evicts could serve / all prompt tokens
     recomputed_tokens: int
@@ -82,6 +86,11 @@ def summarize_run(arm: str, records: RunRecords) -> ArmSummary:
         ttft_mean_s=_mean(ttft),
         ttft_p90_s=percentile(ttft, 90) if ttft else math.nan,
         queue_mean_s=_mean([t.queueing_s for t in turns]),
+        first_wait_max_s=max(
+            (t.first_scheduled_s - records.job_arrival_s[t.job_id] for t in turns
+             if t.turn == 0 and t.first_scheduled_s is not None and t.job_id in records.job_arrival_s),
+            default=math.nan,
+        ),
         hit_share=sum(t.cached_tokens for t in turns) / prompt if prompt else math.nan,
         reusable_share=sum(t.reusable_tokens for t in turns) / prompt if prompt else math.nan,
         recomputed_tokens=sum(t.recomputed_tokens for t in turns),
@@ -122,6 +131,7 @@ _COLUMNS = [
     ("jct_p90_s", "JCT p90 s", ".2f"),
     ("ttft_mean_s", "TTFT mean s", ".3f"),
     ("queue_mean_s", "queue mean s", ".3f"),
+    ("first_wait_max_s", "first wait max s", ".2f"),
     ("hit_share", "hit share", ".3f"),
     ("recomputed_tokens", "recomputed tok", "d"),
     ("busy_fraction", "GPU busy", ".3f"),
