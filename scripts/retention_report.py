@@ -8,9 +8,9 @@ Three workloads, every arm on the same arrivals in one run each:
    H100 + Llama-3.1-8B profile, at a high load (15 sessions/min: the
    working set about twice the pool) and a low one (1.2/min);
 2. the shipped Claude Code trace subset on both profiles at a low load
-   (0.1 sessions/min, the first 20 sessions), a middle one and a high one
-   (the lowest rate of docs/simulator.md's sweep where FCFS's hit share is
-   below 50%: 1/min on the 8B profile, 0.5/min on the 70B one), with the
+   (0.1 sessions/min, the first 20 sessions) and a high one (the lowest
+   rate of docs/simulator.md's sweep where FCFS's hit share is below 50%:
+   1/min on the 8B profile, 0.5/min on the 70B one), with the
    plugin's own offload connector, vLLM's native offloading under both
    schedulers and plain admission at fixed caps at the high load.
 
@@ -40,8 +40,9 @@ TRACE_ARMS = "fcfs,continuum-paper,continuum,native-offload,continuum-native-off
 TRACE_HIGH_ARMS = "fcfs,continuum-paper,continuum,continuum-offload,native-offload,continuum-native-offload,oracle"
 SYNTHETIC = "--workload coding-agent --shared-system --sessions 60"
 SYNTHETIC_HIGH, SYNTHETIC_LOW = 15.0, 1.2  # sessions/min
-# sessions/min per profile: low, middle, high (FCFS's hit share below 50%).
-TRACE_LOADS = {"h100-llama8b": (0.1, 0.5, 1.0), "h100-llama70b-tp4": (0.1, 0.25, 0.5)}
+# sessions/min per profile: low, high (FCFS's hit share below 50%). The
+# loads between are docs/simulator.md's sweep.
+TRACE_LOADS = {"h100-llama8b": (0.1, 1.0), "h100-llama70b-tp4": (0.1, 0.5)}
 TRACE_LOW_SESSIONS = 20
 WAIT_BOUND_S = 600.0  # job_priority_window_s: the gate's documented bound on a first turn's wait
 # Plain admission: fixed caps on sessions in flight, to find the best one.
@@ -79,6 +80,35 @@ def low_load_line(points: list[dict]) -> str:
     fcfs = next(p for p in points if p["arm"] == "fcfs")["jct_mean_s"]
     diffs = ", ".join(f"{p['arm']} {p['jct_mean_s'] / fcfs - 1:+.2%}" for p in points if p["arm"] != "fcfs")
     return f"Difference from FCFS in mean JCT: {diffs}."
+
+
+def bar_plot(points: list[dict], path: str, title: str, doc_dir: str) -> str:
+    """Mean JCT per policy (bars, the table's order) with the oracle's as a
+    line; returns the Markdown image line (path relative to ``doc_dir``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = sorted(points, key=_order)
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    colours = ["tab:grey" if p["arm"] == "fcfs" else "tab:green" if p["arm"] == "oracle"
+               else "tab:blue" if p["arm"].startswith("continuum") or p["arm"] == "context_serve"
+               else "tab:orange" for p in pts]
+    ax.bar(range(len(pts)), [p["jct_mean_s"] for p in pts], color=colours)
+    ax.set_xticks(range(len(pts)), [p["arm"] for p in pts], rotation=30, ha="right", fontsize=8)
+    oracle = next((p["jct_mean_s"] for p in pts if p["arm"] == "oracle"), None)
+    if oracle is not None:
+        ax.axhline(oracle, color="tab:green", lw=0.8, ls="--")
+    ax.set_ylabel("mean JCT (virtual s)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    rel = os.path.relpath(path, doc_dir)
+    return f"![{title}]({rel})"
 
 
 def verdict(points: list[dict]) -> list[str]:
@@ -134,6 +164,7 @@ def main() -> int:
         return points + capped
 
     lines: list[str] = []
+    doc_dir = os.path.dirname(os.path.abspath(args.doc))
     syn_argv = [*SYNTHETIC.split(), "--rate", f"{SYNTHETIC_HIGH:g}"]
     syn_high = point("synthetic-high", "synthetic-high", [*syn_argv, "--policies", SYNTHETIC_ARMS])
     syn_high = with_caps(syn_high, "synthetic-high-caps", "synthetic-high-caps", syn_argv, SYNTHETIC_CAPS)
@@ -141,14 +172,12 @@ def main() -> int:
                     [*SYNTHETIC.split(), "--rate", f"{SYNTHETIC_LOW:g}", "--policies", SYNTHETIC_ARMS])
     traces: dict[str, dict[str, list[dict]]] = {}
     for prof in PROFILES:
-        low, middle, high = TRACE_LOADS[prof]
+        low, high = TRACE_LOADS[prof]
         base = ["--profile", prof]
         argv = [*base, "--rate", f"{high:g}"]
         traces[prof] = {
             "high": with_caps(point(f"trace-{prof}", f"trace-{prof}", [*argv, "--policies", TRACE_HIGH_ARMS]),
                               f"trace-{prof}-caps", f"trace-{prof}-caps", argv, TRACE_CAPS),
-            "middle": point(f"trace-{prof}-middle", f"trace-{prof}-middle",
-                            [*base, "--rate", f"{middle:g}", "--policies", TRACE_ARMS]),
             "low": point(f"trace-{prof}-low", f"trace-{prof}-low",
                          [*base, "--rate", f"{low:g}", "--sessions", str(TRACE_LOW_SESSIONS),
                           "--policies", TRACE_ARMS]),
@@ -181,6 +210,9 @@ def main() -> int:
         "",
         *table(syn_high),
         "",
+        bar_plot(syn_high, os.path.join(args.out, "synthetic-high.png"),
+                 f"synthetic coding agent, h100-llama8b, {SYNTHETIC_HIGH:g} sessions/min", doc_dir),
+        "",
         f"## The same at low load: {SYNTHETIC_LOW:g} sessions/min",
         "",
         *table(syn_low),
@@ -189,17 +221,16 @@ def main() -> int:
         "",
     ]
     for prof in PROFILES:
-        low, middle, high = TRACE_LOADS[prof]
+        low, high = TRACE_LOADS[prof]
         lines += [
             f"## Claude Code trace subset, {prof}, high load: {high:g} sessions/min",
             "",
             *table(traces[prof]["high"]),
             "",
+            bar_plot(traces[prof]["high"], os.path.join(args.out, f"trace-{prof}.png"),
+                     f"Claude Code traces, {prof}, {high:g} sessions/min", doc_dir),
+            "",
             *verdict(traces[prof]["high"]),
-            "",
-            f"### Middle load: {middle:g} sessions/min",
-            "",
-            *table(traces[prof]["middle"]),
             "",
             f"### Low load: {low:g} sessions/min, the first {TRACE_LOW_SESSIONS} sessions",
             "",
