@@ -164,6 +164,9 @@ class JobState:
     # Tokens of the last finished turn's context (prompt + reply): what a
     # second tier may hold of the job when its next turn arrives.
     last_context_tokens: int = 0
+    # Some finished turn of this job called a tool: the job's next reply
+    # without one is its final answer (unless the client flags its turns).
+    had_tool_call: bool = False
     # Recent client-overhead samples (``RoundTripOverhead``), or None.
     overhead_samples: deque[float] | None = None
 

@@ -9,6 +9,14 @@ the OpenAI client's ``extra_body``) in ``request.model_extra`` and drops them.
 * the merged metadata is validated with the engine's parser, and a bad value
   raises vLLM's ``VLLMValidationError`` -> HTTP 400 naming the field.
 
+``patch_session_lookup`` extends vLLM's ``_get_session_id`` (the one place
+every generate endpoint -- chat, completions, responses, and ``/v1/messages``,
+which converts to a chat request and calls the chat path with the same raw
+request -- reads ``X-Session-ID``): when vLLM finds no session id and no
+``job_id`` is named, the session a harness sends on its own becomes it
+(``session_ids``); ``patch_anthropic_messages`` carries ``metadata.user_id``
+over to the converted chat request, which would otherwise drop it.
+
 The protocol modules are heavy and only the API server needs them, so the
 patch is applied by a post-import hook (see ``registration``), never by
 importing them from ``register()``.
@@ -17,13 +25,28 @@ importing them from ``register()``.
 from __future__ import annotations
 
 import functools
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from .metadata import JOB_ID, METADATA_FIELDS, MetadataError, parse_job_id, parse_metadata
+from .session_ids import client_session_id
 
-__all__ = ["PATCHED_ATTR", "patch_request_class", "patch_session_lookup"]
+logger = logging.getLogger("vllm.continuum_plugin")
+
+__all__ = [
+    "PATCHED_ATTR",
+    "patch_anthropic_messages",
+    "patch_request_class",
+    "patch_session_lookup",
+    "session_headers_for",
+]
 
 PATCHED_ATTR = "_continuum_patched"
+# Where a chat request converted from /v1/messages keeps the Anthropic
+# request's metadata.user_id (an instance attribute outside the pydantic
+# fields: never serialised, never sent to the engine).
+_USER_ID_ATTR = "_continuum_user_id"
 
 
 def _validation_error(error: MetadataError) -> Exception:
@@ -68,10 +91,14 @@ def _names_job_id(request: Any) -> bool:
 
 
 def patch_session_lookup(cls: type) -> None:
-    """Validate the session id vLLM found (body ``session_id``,
-    ``X-Session-ID`` header, ``vllm_xargs.session_id``) when it becomes the
-    job id (no ``job_id`` given): a bad one is an HTTP 400 naming
-    ``session_id``, not a request silently served untagged."""
+    """Wrap vLLM's ``_get_session_id``. Its own result (body ``session_id``,
+    ``X-Session-ID`` header, ``vllm_xargs.session_id``) is returned
+    unchanged, and validated when it becomes the job id (no ``job_id``
+    given): a bad one is an HTTP 400 naming ``session_id``, not a request
+    silently served untagged. When it finds none and no ``job_id`` is named,
+    the session a harness sends on its own (``session_ids``: the
+    ``session_headers`` setting, then ``metadata.user_id`` on
+    ``/v1/messages``) is returned instead, validated the same way."""
     original = cls.__dict__.get("_get_session_id")
     if not isinstance(original, staticmethod) or getattr(original.__func__, PATCHED_ATTR, False):
         return
@@ -80,12 +107,95 @@ def patch_session_lookup(cls: type) -> None:
     @functools.wraps(lookup)
     def _get_session_id(request: Any, raw_request: Any) -> Any:
         value = lookup(request, raw_request)
-        if value is not None and not _names_job_id(request):
-            try:
+        if _names_job_id(request):
+            return value  # the plugin's own field wins; vLLM's value is only a tag
+        try:
+            if value is not None:
                 parse_job_id(value, "session_id")
-            except MetadataError as e:
-                raise _validation_error(e) from None
-        return value
+                return value
+            return _client_session_id(request, raw_request)
+        except MetadataError as e:
+            raise _validation_error(e) from None
 
     setattr(_get_session_id, PATCHED_ATTR, True)
     cls._get_session_id = staticmethod(_get_session_id)
+
+
+def _client_session_id(request: Any, raw_request: Any) -> str | None:
+    """A harness's own session id for ``request`` (validated), or None."""
+    names = session_headers_for(raw_request)
+    if names is None:
+        return None  # the plugin does not schedule this server
+    headers = getattr(raw_request, "headers", None)  # Starlette's: case-insensitive
+
+    def header(name: str) -> str | None:
+        return headers.get(name) if headers is not None else None
+
+    return client_session_id(header, names, getattr(request, _USER_ID_ATTR, None))
+
+
+# (vllm_config, its session header names): one server has one config.
+_headers_cache: tuple[Any, tuple[str, ...] | None] | None = None
+
+
+def session_headers_for(raw_request: Any) -> tuple[str, ...] | None:
+    """The ``session_headers`` of the server ``raw_request`` reached (from
+    ``app.state.vllm_config``, vLLM's API-server state; environment and
+    defaults without one), or None when that server does not run a
+    plugin policy: installing the plugin must not change a stock server."""
+    global _headers_cache
+    state = getattr(getattr(raw_request, "app", None), "state", None)
+    vllm_config = getattr(state, "vllm_config", None)
+    cached = _headers_cache
+    if cached is not None and cached[0] is vllm_config:
+        return cached[1]
+    names = _load_session_headers(vllm_config)
+    _headers_cache = (vllm_config, names)
+    return names
+
+
+def _load_session_headers(vllm_config: Any) -> tuple[str, ...] | None:
+    from .config import load_config
+    from .registration import PLUGIN_POLICIES
+
+    if vllm_config is not None and not _runs_plugin(vllm_config, PLUGIN_POLICIES):
+        return None
+    try:
+        return load_config(getattr(vllm_config, "additional_config", None)).session_header_list
+    except ValueError:
+        # The engine refuses the same config at startup with this error.
+        logger.warning("vllm-continuum-plugin: invalid settings; no session headers read", exc_info=True)
+        return ()
+
+
+def _runs_plugin(vllm_config: Any, policies: tuple[str, ...]) -> bool:
+    """Does this server schedule with the plugin (policy or --scheduler-cls)?"""
+    scheduler_config = getattr(vllm_config, "scheduler_config", None)
+    if str(getattr(scheduler_config, "policy", "")) in policies:
+        return True
+    cls = getattr(scheduler_config, "scheduler_cls", None)
+    name = cls if isinstance(cls, str) else f"{getattr(cls, '__module__', '')}.{getattr(cls, '__name__', '')}"
+    return name.startswith("vllm_continuum_plugin.")
+
+
+def patch_anthropic_messages(cls: type) -> None:
+    """Carry ``metadata.user_id`` of an Anthropic ``/v1/messages`` request
+    over to the chat request vLLM converts it to (``to_chat_completion_request``
+    drops ``metadata``), where ``_get_session_id`` can read it."""
+    original = cls.__dict__.get("to_chat_completion_request")
+    if not isinstance(original, classmethod) or getattr(original.__func__, PATCHED_ATTR, False):
+        return
+    convert = original.__func__
+
+    @functools.wraps(convert)
+    def to_chat_completion_request(klass: type, anthropic_request: Any, *args: Any, **kwargs: Any) -> Any:
+        chat_request = convert(klass, anthropic_request, *args, **kwargs)
+        metadata = getattr(anthropic_request, "metadata", None)
+        user_id = metadata.get("user_id") if isinstance(metadata, Mapping) else None
+        if isinstance(user_id, str):
+            # Outside the pydantic fields: never dumped, never reaches the engine.
+            object.__setattr__(chat_request, _USER_ID_ATTR, user_id)
+        return chat_request
+
+    setattr(to_chat_completion_request, PATCHED_ATTR, True)
+    cls.to_chat_completion_request = classmethod(to_chat_completion_request)

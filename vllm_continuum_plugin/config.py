@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .ranges import DAY_S, RANGE_KEY, Range, check_ranges, ranged
+from .session_ids import DEFAULT_SESSION_HEADERS, parse_session_headers
 
 __all__ = ["ContinuumConfig", "ENV_PREFIX", "load_config"]
 
@@ -36,8 +37,11 @@ _POSITIVE_SECONDS = Range(0.0, DAY_S, lo_open=True)  # a threshold; 0 is meaning
 # Tables that fill with traffic hold roughly 1 KiB per job or implicit turn,
 # so 2**20 entries stay near a GiB.
 _MAX_TABLE_ENTRIES = 2**20
-# mini-swe-agent's, SWE-agent's, OpenHands', Cline's and Codex-style finish actions.
-DEFAULT_FINISH_ACTIONS = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT|submit|finish|attempt_completion|task_complete"
+# mini-swe-agent's, SWE-agent's, OpenHands', Cline's and Codex-style finish
+# actions, and smolagents' (ToolCallingAgent) / Agents-SDK-style final_answer tool.
+DEFAULT_FINISH_ACTIONS = (
+    "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT|submit|finish|attempt_completion|task_complete|final_answer"
+)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,9 @@ class ContinuumConfig:
     naming the field, the value and the allowed range otherwise): every
     ranged field lies in its declared ``Range`` (finite, typed: an ``int``
     field holds an ``int``, never a ``bool``); ``ttl_policy`` is one of
-    ``TTL_POLICIES``; ``slow_threshold_s >= fast_threshold_s``.
+    ``TTL_POLICIES``; ``slow_threshold_s >= fast_threshold_s``;
+    ``session_headers`` is at most ``MAX_SESSION_HEADERS`` distinct HTTP
+    header names (see ``session_ids.parse_session_headers``).
     """
 
     # TTL rule: "priced" (the paper's CDF rule with holding priced by the
@@ -124,10 +130,20 @@ class ContinuumConfig:
     # a shell command equal to one of these simple commands, or a tool of this
     # name; "|"-separated (or a JSON list in --additional-config).
     finish_actions: str = DEFAULT_FINISH_ACTIONS
+    # Request headers whose value is the job id when the request names no
+    # job_id and vLLM found no session id (body session_id, X-Session-ID),
+    # first present wins; "|"-separated (or a JSON list). Read by the API
+    # server (see session_ids).
+    session_headers: str = DEFAULT_SESSION_HEADERS
 
     @property
     def finish_action_list(self) -> tuple[str, ...]:
         return tuple(" ".join(a.split()) for a in self.finish_actions.split("|") if a.strip())
+
+    @property
+    def session_header_list(self) -> tuple[str, ...]:
+        """``session_headers`` as names, in order (validated at construction)."""
+        return parse_session_headers(self.session_headers)
 
     def __post_init__(self) -> None:
         if self.ttl_policy not in TTL_POLICIES:
@@ -138,6 +154,10 @@ class ContinuumConfig:
         # Every numeric field against its declared range, then the one
         # constraint that relates two fields.
         check_ranges(self, _fail)
+        try:
+            parse_session_headers(self.session_headers)
+        except ValueError as e:
+            _fail("session_headers", self.session_headers, f"HTTP header names, '|'-separated ({e})")
         _require(
             self.slow_threshold_s >= self.fast_threshold_s,
             "slow_threshold_s", self.slow_threshold_s, f">= fast_threshold_s ({self.fast_threshold_s!r})",

@@ -13,7 +13,10 @@ Clients send it in any of these forms (first match wins per field):
    with ``action_type`` ``"vllm_continuum.job"`` and ``action_version``
    ``"1"`` whose ``payload`` holds the fields above; other action types are
    left to their owners;
-4. vLLM's ``session_id`` (body field or ``X-Session-ID`` header) as job id.
+4. vLLM's ``session_id`` (body field or ``X-Session-ID`` header) as job id;
+   the API server also fills it from the session headers harnesses send
+   (Claude Code, OpenCode, Codex; the ``session_headers`` setting) and from
+   Claude Code's ``metadata.user_id`` -- see ``session_ids`` for the order.
 
 Booleans may arrive as JSON booleans, 0/1 or the strings "true"/"false"
 (any case) -- ``vllm_xargs`` turns JSON booleans into 0/1 on the way. The API
@@ -73,10 +76,16 @@ class MetadataError(ValueError):
 
 @dataclass(frozen=True)
 class JobMetadata:
-    """Parsed metadata. ``job_id is None`` means "not an agent request"."""
+    """Parsed metadata. ``job_id is None`` means "not an agent request".
+
+    ``is_last_step`` is None when the client did not send the flag. Only
+    True ends the job; an explicit False also says the client itself
+    decides when its job ends, so a reply without a tool call stays pinned
+    (otherwise such a reply, after the job's tool calls, is its final answer).
+    """
 
     job_id: str | None = None
-    is_last_step: bool = False
+    is_last_step: bool | None = None
     tool_name: str | None = None
     tool_command: str | None = None
     expected_tool_seconds: float | None = None
@@ -212,7 +221,7 @@ def parse_metadata(
     if job_id is None and session_id:
         job_id = parse_job_id(session_id, "session_id")
     raw_last = args.get(IS_LAST_STEP)
-    is_last = False if raw_last is None else parse_bool(raw_last, IS_LAST_STEP)
+    is_last = None if raw_last is None else parse_bool(raw_last, IS_LAST_STEP)
     return JobMetadata(
         job_id=job_id,
         is_last_step=is_last,

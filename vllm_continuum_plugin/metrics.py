@@ -40,8 +40,9 @@ RELEASE_REASONS = (
     "handoff", "ttl", "pressure", "cap", "last_step", "finish_action", "abort", "reset", "shutdown",
 )
 # How a job's last turn was known: the client's is_last_step flag, a finish
-# action in its reply (mini-swe-agent's echo, `submit`, a `finish` tool), or
-# an implicit job's reply without a tool call (its final answer).
+# action in its reply (mini-swe-agent's echo, `submit`, a `finish` or
+# `final_answer` tool), or a final answer: a reply without a tool call in an
+# implicit job, or in an explicit job that called tools and sent no flag.
 JOB_END_REASONS = ("last_step", "finish_action", "final_answer")
 # Implicit jobs: "started" (an untagged turn that called a tool), "continued"
 # (an untagged request recognised as a job's next turn).

@@ -11,7 +11,9 @@ cheap, so it imports only what vLLM has already imported and defers the rest:
    variant when vLLM runs async scheduling -- unless ``--scheduler-cls`` is
    given explicitly;
 3. installs a post-import hook that patches the OpenAI protocol classes when
-   (and only if) the process imports them, for the top-level metadata fields;
+   (and only if) the process imports them, for the top-level metadata fields,
+   and vLLM's session-id lookup (plus the ``/v1/messages`` conversion) for
+   the session ids harnesses send (``session_ids``);
 4. exports the engine's plugin metrics on the API server's ``/metrics``.
 """
 
@@ -166,6 +168,14 @@ def _patch_session_lookup(module: ModuleType) -> None:
         patch_session_lookup(cls)
 
 
+def _patch_anthropic_messages(module: ModuleType) -> None:
+    from .api_metadata import patch_anthropic_messages
+
+    cls = getattr(module, "AnthropicServingMessages", None)
+    if isinstance(cls, type):
+        patch_anthropic_messages(cls)
+
+
 def _patch_metrics_router(module: ModuleType) -> None:
     """With several API servers vLLM serves /metrics from a multiprocess
     registry instead of the default one; add our collector there too."""
@@ -193,6 +203,7 @@ _POST_IMPORT_PATCHES.update(
         "vllm.entrypoints.openai.completion.protocol": _patch_protocol,
         "vllm.entrypoints.openai.responses.protocol": _patch_protocol,
         "vllm.entrypoints.generate.base.serving": _patch_session_lookup,
+        "vllm.entrypoints.anthropic.serving": _patch_anthropic_messages,
         "vllm.entrypoints.serve.instrumentator.metrics": _patch_metrics_router,
     }
 )

@@ -92,6 +92,11 @@ class ReplyReader:
                 self._decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
         return self._decode
 
+    def can_read(self) -> bool:
+        """Can replies be decoded (a tokenizer is available)? Without one a
+        reply's "no tool call" means "not read", never "none made"."""
+        return self._decoder() is not None
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens kept ("" without a tokenizer,
         so implicit jobs then never match)."""

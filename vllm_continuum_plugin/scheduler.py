@@ -8,8 +8,10 @@ block manager and kernels untouched:
   unhashed tail is freed. An untagged turn whose reply calls a tool starts an
   implicit job and is pinned the same way. Preemption, abort, error, last
   step (the client's flag, or a finish action such as mini-swe-agent's
-  ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), an implicit job's reply
-  without a tool call, TTL 0 and disabled prefix caching free as usual.
+  ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, a ``final_answer`` tool),
+  a final answer (a reply without a tool call in an implicit job, or in an
+  explicit job that called tools before and did not send ``is_last_step``),
+  TTL 0 and disabled prefix caching free as usual.
 * ``schedule`` -- releases expired pins (TTL) before the step, orders
   ``running`` so that vLLM's "preempt running[-1]" picks the latest-arriving
   job not on its last step, takes the new jobs' first turns that the
@@ -481,12 +483,13 @@ class ContinuumSchedulerMixin:
         if call is not None and is_finish_action(call, self._finish_actions):
             self._end_job(request, meta, normal, "finish_action")
             return
-        if call is None and is_implicit_job(job_id):
-            # An implicit job's reply without a tool call is its final answer.
+        if call is None and self._is_final_answer(job_id, meta):
             self._end_job(request, meta, normal, "final_answer")
             return
         tool_key = call.tool_key if call is not None else NO_TOOL_KEY
         job = self.jobs.on_finish(job_id, self.clock.time(), tool_key, counted=True)
+        if call is not None and job is not None:
+            job.had_tool_call = True
         if self.admission is not None:
             self.admission.on_turn_finished(job_id, request, self.clock.time())
         if job is not None:  # set again below when this turn is decided
@@ -543,6 +546,23 @@ class ContinuumSchedulerMixin:
         self.pins.pin(
             request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
         )
+
+    def _is_final_answer(self, job_id: str, meta: JobMetadata) -> bool:
+        """A normally finished turn whose reply calls no tool: does it end
+        its job? An implicit job's always does (it exists only because of
+        tool calls). An explicit job's does when an earlier turn of it
+        called a tool, the reply was actually read (a tokenizer decoded it:
+        "no tool call" is then known, not assumed), and the client did not
+        send ``is_last_step`` (an explicit ``false`` keeps the answer pinned
+        while its user reads it)."""
+        if is_implicit_job(job_id):
+            return True
+        if meta.is_last_step is not None or not self.replies.can_read():
+            return False
+        job = self.jobs.get(job_id)
+        # A job forgotten (ended, LRU-evicted) and started again under the
+        # same id is a new JobState: it has had no tool call yet.
+        return job is not None and job.had_tool_call
 
     def _end_job(self, request: Request, meta: JobMetadata, normal: bool, last: str | None) -> None:
         """The job's last turn (``last``: how that was known) or an aborted
