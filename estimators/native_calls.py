@@ -7,8 +7,19 @@ tools the agent is about to run. Formats are those vLLM's parsers read:
 ``llama3_json`` (``<|python_tag|>{"name", "parameters"}``, ``;``-separated),
 ``mistral`` (``[TOOL_CALLS][{..}]`` and ``[TOOL_CALLS]NAME[ARGS]{..}``),
 ``harmony`` (gpt-oss ``to=functions.NAME ... <|message|>{..}<|call|>``) and,
-only when none of those is present, ``fence`` (```` ```mswea_bash_command ````
-/ ``bash`` / ``sh`` / ``shell`` / ``zsh`` blocks, mini-swe-agent text mode).
+only when none of those is present, code actions (format ``code``: a
+smolagents ``CodeAgent``'s ``<code>...</code>`` block, its structured-output
+``{"thought": ..., "code": ...}`` object, or a fenced ``py`` / ``python``
+block; name ``CODE_TOOL``, argument ``code``) and ``fence`` (````
+```mswea_bash_command ```` / ``bash`` / ``sh`` / ``shell`` / ``zsh`` blocks,
+mini-swe-agent text mode). Fenced code and shell blocks are read in one pass,
+in order (the caller takes the last); a ``<code>`` block wins over fences.
+
+Shell tools (``BASH_TOOL_NAMES``) include Claude Code's ``Bash`` (names are
+compared case-insensitively) and Codex's ``shell`` / ``shell_command`` /
+``exec_command`` / ``local_shell``; Codex's ``shell`` passes the command as
+an argv list (``["bash", "-lc", "pytest -q"]``), which ``command_of`` turns
+into the command line the shell runs (``pytest -q``).
 
 Reasoning (``<think>``/``[THINK]`` sections, Harmony's analysis channel) is
 dropped first. Work is bounded and linear: only the last ``max_chars``
@@ -22,11 +33,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "BASH_TOOL_NAMES",
+    "CODE_TOOL",
     "MAX_CALL_CANDIDATES",
     "NativeCall",
     "command_of",
@@ -39,8 +52,16 @@ BASH_TOOL_NAMES = frozenset(
     {
         "bash", "shell", "execute_bash", "run_shell_command", "terminal", "run",
         "exec", "cmd", "bash_command", "execute_command",
+        # Codex CLI: "shell" (argv list), "shell_command" (string),
+        # "exec_command" ({"cmd": ...}, unified exec), the Responses API's
+        # built-in "local_shell" and the older "container.exec".
+        "shell_command", "exec_command", "local_shell", "container.exec",
     }
 )
+# Name of the calls a code action makes (format "code", argument "code"):
+# not a valid function name, so no tool a client declares is read as one
+# (and calls are told apart by their format anyway).
+CODE_TOOL = "<code>"
 # Call candidates read per format: the last ones of a reply (of Llama-3's
 # JSON sequence, which is decoded from its start, the first ones). The
 # scheduler uses the last call; no agent emits this many parallel calls. A
@@ -55,6 +76,18 @@ _MAX_TRAILING_SPECIALS = 4
 _COMMAND_ARGS = ("command", "cmd", "script", "code")
 _ACTION_ARGS = ("command", "action", "subcommand")
 _FENCE_LANGS = frozenset({"mswea_bash_command", "bash", "sh", "shell", "zsh"})
+# Fence languages of a code action: smolagents before 1.20 wrote ```py
+# blocks (its parser also takes ```python).
+_CODE_LANGS = frozenset({"py", "python", "python3"})
+# Programs that run their "-c" argument as a script: Codex's shell tool
+# sends ["bash", "-lc", "<script>"].
+_SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "fish"})
+# Argv items read of a list-form command (the program, its options, the
+# script): whatever the list, joining it costs at most this many items.
+_MAX_ARGV_ITEMS = 64
+# How far from a <code> tag a newline must be for the tag to open a code
+# action (see _opens_code_block).
+_CODE_TAG_REACH = 32
 
 _WS = re.compile(r"\s*")
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,127}")
@@ -78,7 +111,7 @@ class NativeCall:
 
     name: str
     arguments: dict[str, Any] = field(hash=False)  # {} if unparsable
-    format: str  # hermes | qwen3_xml | llama3_json | mistral | harmony | fence
+    format: str  # hermes | qwen3_xml | llama3_json | mistral | harmony | code | fence
 
 
 class _Finder:
@@ -343,6 +376,8 @@ def _llama3_json(text: str) -> list[NativeCall]:
 
 
 def _fences(text: str) -> list[NativeCall]:
+    """Fenced shell blocks (format ``fence``) and ``py``/``python`` blocks
+    (format ``code``), in order; an unterminated last block counts."""
     calls: list[NativeCall] = []
     pos = 0
     while True:
@@ -359,9 +394,77 @@ def _fences(text: str) -> list[NativeCall]:
             command = text[newline + 1:end].strip()
             if command:
                 calls.append(NativeCall("bash", {"command": command}, "fence"))
+        elif info in _CODE_LANGS:
+            code = text[newline + 1:end].strip()
+            if code:
+                calls.append(NativeCall(CODE_TOOL, {"code": code}, "code"))
         if close < 0:
             return calls
         pos = close + 3
+
+
+def _opens_code_block(text: str, tag_start: int, tag_end: int) -> bool:
+    """Does the ``<code>`` tag at ``text[tag_start:tag_end]`` open a code
+    action? smolagents puts it on a line of its own; a tag inside a sentence
+    ("use <code>foo()</code>") is HTML in prose. Reads at most
+    ``_CODE_TAG_REACH`` characters each side."""
+    before = text[max(0, tag_start - _CODE_TAG_REACH):tag_start].rstrip(" \t")
+    if before.endswith("\n") or (not before and tag_start <= _CODE_TAG_REACH):
+        return True
+    after = text[tag_end:tag_end + _CODE_TAG_REACH].lstrip(" \t")
+    return after.startswith(("\n", "\r")) or not after
+
+
+def _code_body(body: str) -> str:
+    """A ``<code>`` block's code, stripped, without a fence the model put
+    inside the tags (``<code>\n```python ... ```\n</code>``)."""
+    body = body.strip()
+    if body.startswith("```"):
+        newline = body.find("\n")
+        body = body[newline + 1:] if newline >= 0 else ""
+        if body.rstrip().endswith("```"):
+            body = body.rstrip()[:-3]
+        body = body.strip()
+    return body
+
+
+def _code_tags(text: str) -> list[NativeCall]:
+    """smolagents 1.20+ code actions: ``<code>`` to ``</code>``, the next
+    ``<code>`` or the end of the text (generation stops at ``</code>``, a
+    stop string, so the last block is usually unterminated). Of the last
+    ``MAX_CALL_CANDIDATES`` tags, in order."""
+    calls: list[NativeCall] = []
+    closes = _Finder(text, "</code>")
+    pos = _from_last(text, "<code>", MAX_CALL_CANDIDATES)
+    while True:
+        o = text.find("<code>", pos)
+        if o < 0:
+            return calls
+        start = o + len("<code>")
+        nxt = text.find("<code>", start)
+        close = closes.find(start)
+        end = min(close, nxt if nxt >= 0 else len(text))
+        if _opens_code_block(text, o, start):
+            code = _code_body(text[start:end])
+            if code:
+                calls.append(NativeCall(CODE_TOOL, {"code": code}, "code"))
+        pos = end + (len("</code>") if end == close < len(text) else 0)
+
+
+def _code_json(text: str) -> list[NativeCall]:
+    """smolagents' structured-output code action: the reply is one JSON
+    object ``{"thought": ..., "code": ...}``."""
+    i = _skip_ws(text, 0)
+    if not text.startswith("{", i):
+        return []
+    decoded = _decode(text, i)
+    obj = decoded[0] if decoded is not None else None
+    if not isinstance(obj, dict) or "thought" not in obj:
+        return []
+    code = obj.get("code")
+    if not isinstance(code, str) or not code.strip():
+        return []
+    return [NativeCall(CODE_TOOL, {"code": code.strip()}, "code")]
 
 
 def _extract(text: str, max_chars: int) -> list[NativeCall]:
@@ -380,8 +483,14 @@ def _extract(text: str, max_chars: int) -> list[NativeCall]:
         calls = _tool_call_tags(text)
         if calls:
             return calls
-    calls = _llama3_json(text)
-    return calls if calls else _fences(text)
+    calls = _llama3_json(text) or _code_json(text)
+    if calls:
+        return calls
+    if "<code>" in text:
+        calls = _code_tags(text)
+        if calls:
+            return calls
+    return _fences(text)
 
 
 def extract_native_calls(text: str, max_chars: int = 65536) -> list[NativeCall]:
@@ -392,8 +501,9 @@ def extract_native_calls(text: str, max_chars: int = 65536) -> list[NativeCall]:
     (of a Llama-3 JSON sequence its first ``MAX_CALL_CANDIDATES`` calls), so
     the last call of any real reply is found. The first structured format
     found wins (Harmony, Mistral, ``<tool_call>``/``<function=``, Llama-3
-    JSON); fenced shell blocks count only when none is present. Time is
-    linear in the characters read.
+    JSON, smolagents' JSON code action), then ``<code>`` blocks; fenced
+    shell and code blocks count only when none is present. Time is linear
+    in the characters read.
     """
     try:
         return _extract(text, max_chars)
@@ -406,12 +516,44 @@ def _is_bash(name: str) -> bool:
     return name.removeprefix("functions.") in BASH_TOOL_NAMES
 
 
+def _argv_command(argv: list[Any]) -> str | None:
+    """The command line of an argv list (Codex's ``shell`` tool).
+
+    ``[SHELL, [options], -c|-lc|..., SCRIPT, ...]`` -> ``SCRIPT`` (what the
+    shell runs);
+    ``["apply_patch", PATCH]`` -> ``"apply_patch"`` (the patch is data: its
+    lines would read as commands); any other list -> its items joined as a
+    shell would quote them. None when an item is not a string or the list
+    is empty. Reads at most ``_MAX_ARGV_ITEMS`` items.
+    """
+    items = argv[:_MAX_ARGV_ITEMS]
+    if not items or not all(isinstance(item, str) for item in items):
+        return None
+    program = items[0].rsplit("/", 1)[-1]
+    if program in _SHELLS:
+        # Options up to the one that carries "c" (-c, -lc, -ec, "-l -c");
+        # long ones (--login, --noprofile) never do.
+        for i in range(1, len(items) - 1):
+            option = items[i]
+            if not option.startswith("-"):
+                break
+            if not option.startswith("--") and "c" in option:
+                return items[i + 1]
+    if program in ("apply_patch", "applypatch"):
+        return program
+    return shlex.join(items)
+
+
 def command_of(call: NativeCall) -> str | None:
-    """The shell command of a bash-like call; None for other tools or no command."""
+    """The shell command of a bash-like call; None for other tools or no
+    command. A command given as an argv list (Codex) is turned into the
+    command line it runs (``_argv_command``)."""
     if not _is_bash(call.name):
         return None
     for key in _COMMAND_ARGS:
         value = call.arguments.get(key)
+        if isinstance(value, list):
+            value = _argv_command(value)
         if isinstance(value, str) and value.strip():
             return value
     return None

@@ -9,13 +9,17 @@ back to the ``NO_TOOL_KEY`` history.
 Supported: native tool calls in the raw text models emit for them
 (Hermes/Qwen ``<tool_call>``, Qwen3-Coder XML, Llama-3 JSON, Mistral
 ``[TOOL_CALLS]``, gpt-oss/Harmony ``to=functions.NAME``; see
-``native_calls``), mini-swe-agent's ```` ```mswea_bash_command ```` fences and
+``native_calls``), smolagents ``CodeAgent`` code actions (``<code>`` blocks,
+fenced ``py``/``python`` blocks, its structured-output JSON),
+mini-swe-agent's ```` ```mswea_bash_command ```` fences and
 fenced ``bash`` / ``sh`` / ``shell`` / ``console`` / ``zsh`` blocks (the last
 call wins; an unterminated final block counts, since agents often stop
 generation at the closing fence), with ``<think>`` sections removed first
 (terminated, unterminated, or only closed because the opening tag lived in
-the prompt). A shell tool is keyed by its command; any other tool by its name
-and sub-action (``str_replace_editor view``).
+the prompt). A shell tool (``bash``, Claude Code's ``Bash``, Codex's
+``shell``/``exec_command``, ...) is keyed by its command; a code action by
+the tool functions it calls (``code_call``); any other tool by its name and
+sub-action (``str_replace_editor view``, Claude Code's ``Read``).
 
 A reply is attacker-controlled (through the prompt) and is parsed on the
 engine thread for every finished turn, so every scan here is linear in what
@@ -34,15 +38,20 @@ import shlex
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from .native_calls import command_of, extract_native_calls, tool_key_of
+from .code_actions import called_functions
+from .native_calls import CODE_TOOL, command_of, extract_native_calls, tool_key_of
 from .reply_scan import last_shell_block, strip_thinking
 
 __all__ = [
+    "CODE_KEY",
+    "CODE_TOOL",
     "MAX_PARSED_CHARS",
     "MAX_REPLY_CHARS",
     "MAX_SIMPLE_COMMANDS",
     "NO_TOOL_KEY",
     "ToolCall",
+    "code_call",
+    "named_call",
     "shell_call",
     "extract_tool_call",
     "is_finish_action",
@@ -56,6 +65,9 @@ __all__ = [
 # come back quickly after such turns (format error message), so they get a
 # history of their own instead of "no pin".
 NO_TOOL_KEY = "<no-tool>"
+# History key of a code action that calls no tool function (plain Python run
+# by the agent's interpreter: print(2 ** 10)); also its ``ToolCall.tool``.
+CODE_KEY = CODE_TOOL
 # What is parsed of one command, and of one reply. Parsing runs on the
 # engine thread and its results are stored per job and per tool, so both
 # are bounded whatever a client sends or a model emits: a command is cut to
@@ -107,11 +119,15 @@ _PYTHON_NAMES = re.compile(r"^python(\d+(\.\d+)?)?$")
 class ToolCall:
     """A parsed tool call.
 
-    Invariant (for calls built by ``shell_call``): ``command`` is at most
-    ``MAX_PARSED_CHARS`` characters and bytes of text, ``commands`` at most
-    ``MAX_SIMPLE_COMMANDS`` pieces of it and ``tool_key`` at most
-    ``MAX_KEY_CHARS`` characters: at most 8 KB in all, whatever the input
-    (about 6.2 KB in the worst cases ``tests/test_threat_parsing.py`` builds).
+    Invariant (for calls built by ``shell_call``, ``code_call`` and
+    ``named_call``): ``command`` is at most ``MAX_PARSED_CHARS`` characters
+    and bytes of text, ``commands`` at most ``MAX_SIMPLE_COMMANDS`` pieces of
+    it, ``functions`` at most ``MAX_FUNCTIONS`` names of at most
+    ``MAX_FUNCTION_CHARS`` characters (``code_actions``) and ``tool_key`` at
+    most ``MAX_KEY_CHARS`` characters: at most 8 KB in all, whatever the
+    input (about 6.2 KB in the worst cases ``tests/test_threat_parsing.py``
+    builds). ``commands`` is empty unless ``tool == SHELL_TOOL``;
+    ``functions`` is empty unless ``tool == CODE_TOOL``.
 
     Attributes:
         command: the command text of the block that won, cut to what is
@@ -120,13 +136,17 @@ class ToolCall:
         commands: the simple commands the block consists of, in order
             (empty for a tool that is not a shell; of a longer chain only
             the first and last ``MAX_SIMPLE_COMMANDS // 2``).
-        tool: ``SHELL_TOOL`` for shell commands, else the tool's name.
+        tool: ``SHELL_TOOL`` for shell commands, ``CODE_TOOL`` for a code
+            action, else the tool's name.
+        functions: the tool functions a code action calls, in order of
+            first call (``code_actions.called_functions``); empty otherwise.
     """
 
     command: str
     tool_key: str
     commands: tuple[str, ...] = field(default_factory=tuple)
     tool: str = "bash"
+    functions: tuple[str, ...] = field(default_factory=tuple)
 
 
 def parsed_prefix(command: str) -> str:
@@ -161,11 +181,29 @@ def named_call(name: str, key: str | None = None) -> ToolCall:
     return ToolCall(name, (key or name)[:MAX_KEY_CHARS], (), tool=name)
 
 
+def code_call(code: str) -> ToolCall:
+    """The call of a code action (smolagents ``CodeAgent``): the command is
+    the code (``parsed_prefix`` of it), the key the tool functions it calls,
+    sorted and joined by ``+`` (``web_search``, ``visit_webpage+web_search``;
+    the order of calls within one action hardly changes how long it takes,
+    and sorting keeps one history per set), or ``CODE_KEY`` when it calls
+    none. The functions are read from the whole code (the caller bounds it
+    to ``MAX_REPLY_CHARS``), so a ``final_answer(...)`` at the end of a long
+    action is found."""
+    functions = called_functions(code)
+    key = "+".join(sorted(functions))[:MAX_KEY_CHARS] if functions else CODE_KEY
+    return ToolCall(parsed_prefix(code), key, (), tool=CODE_TOOL, functions=functions)
+
+
 def is_finish_action(call: ToolCall, actions: Collection[str]) -> bool:
     """Does ``call`` end its job? A shell call does when one of its simple
     commands is one of ``actions`` (whitespace-normalised, e.g. mini-swe-agent's
-    ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``); any other tool when its
-    name is (``finish``, ``submit``)."""
+    ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``); a code action when one of
+    the functions it calls is (smolagents' ``final_answer(...)``: the run
+    ends when the code reaches it); any other tool when its name is
+    (``finish``, ``submit``). Names compare as given or lower-cased."""
+    if call.tool == CODE_TOOL:
+        return any(name in actions or name.lower() in actions for name in call.functions)
     if call.tool != "bash":
         return call.tool in actions or call.tool.lower() in actions
     return any(" ".join(simple.split()) in actions for simple in call.commands)
@@ -322,6 +360,8 @@ def extract_tool_call(text: str) -> ToolCall | None:
     calls = extract_native_calls(text)
     if calls:
         last = calls[-1]
+        if last.format == "code":
+            return code_call(last.arguments.get("code", ""))
         command = command_of(last)
         if command is not None:
             return shell_call(command)

@@ -17,7 +17,7 @@ estimated: one sample per measured gap, ``gap - estimated tool seconds``.
   a pin held a little longer costs nothing once the next turn takes it over.
 * Globally (the last ``window`` samples of all jobs): the ``quantile`` of
   them once there are ``min_global_samples``, for jobs without enough data.
-* Cold start: ``default_s``.
+* Cold start: ``default_s`` (``is_measured`` tells it apart).
 
 A sample above ``max_sample_s`` is not client overhead but a tool that was
 not fast after all; it is dropped. Memory: ``window`` floats plus
@@ -89,6 +89,15 @@ class RoundTripOverhead:
         if samples is not None and len(samples) >= self.min_job_samples:
             return max(samples)
         return self.global_margin()
+
+    def is_measured(self, job: JobState | None) -> bool:
+        """Is ``margin(job)`` a measurement (``job``'s own samples, or the
+        server's quantile) rather than ``default_s``? Cold-start TTLs add the
+        margin only then (``TTLContext.round_trip_measured``)."""
+        samples = job.overhead_samples if job is not None else None
+        if samples is not None and len(samples) >= self.min_job_samples:
+            return True
+        return len(self._global) >= self.min_global_samples
 
     def global_margin(self) -> float:
         if self._global_margin is None:

@@ -18,6 +18,13 @@ matches it. The call is then
   between the thresholds (``sleep 5``);
 * otherwise the layer abstains (None): one unknown command is enough.
 
+A call of a tool that is not a shell is classified by its name through the
+file's ``tools`` table instead (Claude Code's ``Read`` is fast, its ``Task``
+sub-agent slow); a code action (smolagents) by the tool functions it calls,
+with the same all-fast / any-slow logic (``web_search(...)`` is slow).
+Names compare case-insensitively (``Read``, OpenCode's ``read``). A name
+without a tool rule abstains, as does a code action that calls no tool.
+
 A command containing ``$(`` or a backtick runs commands this layer cannot
 see and is unknown. A ``timeout N`` wrapper bounds the command: with
 ``N <= fast_threshold_s`` it is FAST whatever it runs; a "slow" command under
@@ -39,6 +46,10 @@ names an override file in the same format)::
         {"match": "python -m pytest", "class": "slow", "forbid": ["-k", "::"]},
         {"match": "sleep", "class": "duration"},
         {"match": "grep", "class": "abstain", "comment": "our repos are huge"}
+      ],
+      "tools": [
+        {"name": "Read", "class": "fast"},
+        {"name": "Task", "class": "slow", "comment": "a sub-agent: minutes"}
       ]
     }
 
@@ -62,10 +73,18 @@ Rule keys:
   ``fast``/``slow``, >= 0): the rule's TTL and point estimate.
 * ``comment`` (optional): ignored.
 
+Tool rule keys (``tools`` entries):
+
+* ``name`` (required): the tool's name as the client declares it, compared
+  case-insensitively.
+* ``class`` (required): ``fast`` | ``slow`` | ``abstain``.
+* ``ttl_s``, ``seconds``, ``comment``: as for command rules.
+
 Precedence: the override file's rules first, in file order, then the shipped
 defaults in theirs; the first rule whose ``match``, ``require`` and
-``forbid`` all hold decides a simple command. Malformed files raise
-``RulesFileError`` naming the file and the bad entry.
+``forbid`` all hold decides a simple command (the first tool rule with its
+name, a tool). Malformed files raise ``RulesFileError`` naming the file and
+the bad entry.
 """
 
 from __future__ import annotations
@@ -79,7 +98,7 @@ from typing import Any
 
 from .context_predictor import ContextServeConfig, Prediction, ToolSpeed, data_path, hint_ttl
 from .features import SimpleCommand, parse_duration, parse_simple_command
-from .parser import ToolCall
+from .parser import CODE_TOOL, ToolCall
 
 __all__ = [
     "DEFAULT_RULES_FILE",
@@ -93,9 +112,11 @@ __all__ = [
 
 DEFAULT_RULES_FILE = "default_rules.json"
 RULE_CLASSES = ("fast", "slow", "duration", "abstain")
+TOOL_RULE_CLASSES = ("fast", "slow", "abstain")
 RuleClass = str  # one of RULE_CLASSES
 _RULE_KEYS = frozenset({"match", "class", "require", "forbid", "ttl_s", "seconds", "comment"})
-_FILE_KEYS = frozenset({"version", "fast_ttl_s", "fast_seconds", "replace_defaults", "rules", "comment"})
+_TOOL_RULE_KEYS = frozenset({"name", "class", "ttl_s", "seconds", "comment"})
+_FILE_KEYS = frozenset({"version", "fast_ttl_s", "fast_seconds", "replace_defaults", "rules", "tools", "comment"})
 _DEFAULT_FAST_TTL_S = 1.0
 _DEFAULT_FAST_SECONDS = 0.1
 
@@ -170,20 +191,27 @@ _UNKNOWN = _Verdict("unknown")
 
 
 class RuleSet:
-    """Rules indexed by program; first match wins (override rules first).
+    """Rules indexed by program, tool rules by lower-cased tool name; first
+    match wins (override rules first).
 
-    Cost: one dict lookup plus the candidate rules of that program per
-    simple command.
+    Invariant: ``tool_rules`` holds one rule per lower-cased name, the first
+    one given for it (``words == (name,)``, class ``fast``/``slow``/
+    ``abstain``). Cost: one dict lookup plus the candidate rules of that
+    program per simple command; one dict lookup per tool name.
     """
 
     def __init__(self, rules: Sequence[Rule], fast_ttl_s: float = _DEFAULT_FAST_TTL_S,
-                 fast_seconds: float = _DEFAULT_FAST_SECONDS) -> None:
+                 fast_seconds: float = _DEFAULT_FAST_SECONDS,
+                 tool_rules: Sequence[Rule] = ()) -> None:
         self.rules = tuple(rules)
         self.fast_ttl_s = fast_ttl_s
         self.fast_seconds = fast_seconds
         self._by_program: dict[str, list[Rule]] = {}
         for rule in self.rules:
             self._by_program.setdefault(rule.program, []).append(rule)
+        self.tool_rules: dict[str, Rule] = {}
+        for rule in tool_rules:
+            self.tool_rules.setdefault(rule.program.lower(), rule)
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -193,6 +221,19 @@ class RuleSet:
             if rule.matches(cmd):
                 return rule
         return None
+
+    def tool_verdict(self, name: str) -> _Verdict:
+        """Classification of a call of the tool ``name`` (not a shell)."""
+        rule = self.tool_rules.get(name.lower())
+        if rule is None or rule.rule_class == "abstain":
+            return _UNKNOWN
+        if rule.rule_class == "slow":
+            return _Verdict("slow", 0.0, rule.seconds)
+        return _Verdict(
+            "fast",
+            rule.ttl_s if rule.ttl_s is not None else self.fast_ttl_s,
+            rule.seconds if rule.seconds is not None else self.fast_seconds,
+        )
 
     def verdict(self, text: str, fast_threshold_s: float, slow_threshold_s: float) -> _Verdict:
         cmd = parse_simple_command(text)
@@ -288,12 +329,39 @@ def parse_rule(entry: Any, source: str, index: int) -> Rule:
     )
 
 
+def parse_tool_rule(entry: Any, source: str, index: int) -> Rule:
+    """Validate one entry of a file's ``tools`` list (a rule on a tool's
+    name: ``words == (name,)``)."""
+    where = f"tools[{index}]"
+    if not isinstance(entry, dict):
+        raise _fail(source, where, entry, "must be an object")
+    unknown = sorted(set(entry) - _TOOL_RULE_KEYS)
+    if unknown:
+        raise _fail(source, where, entry, f"unknown key(s) {unknown}; allowed: {sorted(_TOOL_RULE_KEYS)}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name.split()) != 1:
+        raise _fail(source, where, entry, f"'name' must be one non-empty word, got {name!r}")
+    rule_class = entry.get("class")
+    if rule_class not in TOOL_RULE_CLASSES:
+        raise _fail(source, where, entry, f"'class' must be one of {list(TOOL_RULE_CLASSES)}, got {rule_class!r}")
+    ttl_s = _number(source, where, entry, "ttl_s", positive=True)
+    if ttl_s is not None and rule_class != "fast":
+        raise _fail(source, where, entry, f"'ttl_s' is only allowed on 'fast' rules, not {rule_class!r}")
+    seconds = _number(source, where, entry, "seconds", positive=False)
+    if seconds is not None and rule_class == "abstain":
+        raise _fail(source, where, entry, "'seconds' is only allowed on 'fast'/'slow' rules, not 'abstain'")
+    if "comment" in entry and not isinstance(entry["comment"], str):
+        raise _fail(source, where, entry, "'comment' must be a string")
+    return Rule(words=(name.strip(),), rule_class=rule_class, ttl_s=ttl_s, seconds=seconds)
+
+
 @dataclass(frozen=True)
 class _RulesDocument:
     rules: tuple[Rule, ...]
     fast_ttl_s: float | None
     fast_seconds: float | None
     replace_defaults: bool
+    tool_rules: tuple[Rule, ...] = ()
 
 
 def parse_rules_document(document: Any, source: str) -> _RulesDocument:
@@ -309,15 +377,19 @@ def parse_rules_document(document: Any, source: str) -> _RulesDocument:
     entries = document.get("rules", [])
     if not isinstance(entries, list):
         raise RulesFileError(f"rules file {source}: 'rules' must be a list, got {type(entries).__name__}")
+    tool_entries = document.get("tools", [])
+    if not isinstance(tool_entries, list):
+        raise RulesFileError(f"rules file {source}: 'tools' must be a list, got {type(tool_entries).__name__}")
     replace = document.get("replace_defaults", False)
     if not isinstance(replace, bool):
         raise RulesFileError(f"rules file {source}: 'replace_defaults' must be true or false, got {replace!r}")
-    scalars = {key: value for key, value in document.items() if key != "rules"}
+    scalars = {key: value for key, value in document.items() if key not in ("rules", "tools")}
     return _RulesDocument(
         rules=tuple(parse_rule(entry, source, i) for i, entry in enumerate(entries)),
         fast_ttl_s=_number(source, "top level", scalars, "fast_ttl_s", positive=True),
         fast_seconds=_number(source, "top level", scalars, "fast_seconds", positive=False),
         replace_defaults=replace,
+        tool_rules=tuple(parse_tool_rule(entry, source, i) for i, entry in enumerate(tool_entries)),
     )
 
 
@@ -344,6 +416,7 @@ def load_rule_set(override_path: str | Path | None = None,
     if override_path is not None:
         layers.append(parse_rules_document(_read(Path(override_path)), str(override_path)))
     rules: list[Rule] = []
+    tool_rules: list[Rule] = []
     fast_ttl_s = defaults.fast_ttl_s or _DEFAULT_FAST_TTL_S
     fast_seconds = defaults.fast_seconds if defaults.fast_seconds is not None else _DEFAULT_FAST_SECONDS
     replace = False
@@ -354,10 +427,12 @@ def load_rule_set(override_path: str | Path | None = None,
             fast_seconds = doc.fast_seconds
     for doc in layers:
         rules.extend(doc.rules)
+        tool_rules.extend(doc.tool_rules)
         replace = replace or doc.replace_defaults
     if not replace:
         rules.extend(defaults.rules)
-    return RuleSet(rules, fast_ttl_s=fast_ttl_s, fast_seconds=fast_seconds)
+        tool_rules.extend(defaults.tool_rules)
+    return RuleSet(rules, fast_ttl_s=fast_ttl_s, fast_seconds=fast_seconds, tool_rules=tool_rules)
 
 
 class RulesLayer:
@@ -371,6 +446,8 @@ class RulesLayer:
         self.rule_set = rule_set if rule_set is not None else load_rule_set(config.rules_path)
 
     def predict(self, call: ToolCall) -> Prediction | None:
+        if call.tool != "bash":
+            return self._predict_tools(call.functions if call.tool == CODE_TOOL else (call.tool,))
         cfg = self.config
         if not call.commands:
             return None
@@ -402,6 +479,28 @@ class RulesLayer:
                 ttl = self.rule_set.fast_ttl_s
             return Prediction(ToolSpeed.FAST, min(ttl, cfg.max_ttl_s), self.name, total)
         return Prediction(ToolSpeed.UNCERTAIN, 0.0, self.name, total)
+
+    def _predict_tools(self, names: Sequence[str]) -> Prediction | None:
+        """A call of the tools ``names`` (one named tool, or the functions a
+        code action calls): SLOW if any is slow, FAST if all are fast (the
+        largest of their TTLs, their estimates summed), else abstain."""
+        if not names:
+            return None
+        ttl = 0.0
+        estimate = 0.0
+        unknown = False
+        for name in names:
+            verdict = self.rule_set.tool_verdict(name)
+            if verdict.kind == "slow":
+                return Prediction(ToolSpeed.SLOW, 0.0, self.name, verdict.seconds)
+            if verdict.kind == "unknown":
+                unknown = True  # keep looking: a later slow tool still decides
+                continue
+            ttl = max(ttl, verdict.ttl_s)
+            estimate += verdict.seconds or 0.0
+        if unknown:
+            return None
+        return Prediction(ToolSpeed.FAST, min(ttl, self.config.max_ttl_s), self.name, estimate)
 
     def observe(self, call: ToolCall, seconds: float) -> None:
         """Rules do not learn."""

@@ -11,8 +11,12 @@ where P is the empirical CDF of f's measured durations, T the recent queueing
 delay of requests whose KV had been evicted, eta = -Corr(k, N-k) over
 finished jobs, and R the cost of rebuilding this turn's context (prefill, or
 reload from an offload store). Cold start: fewer than ``cold_start_samples``
-samples in total -> ``default_ttl_s``; fewer for this tool -> the global
-distribution; otherwise the tool's own.
+samples in total -> ``default_ttl_s``, plus the client's round trip once it
+has been measured (``TTLContext.round_trip_measured``: the default is a
+guess at the tool's own time, and the next turn also waits for the client;
+before a measurement the default stands alone, as it always did); fewer
+for this tool -> the global distribution (measured gaps: they hold the
+round trip already); otherwise the tool's own.
 
 ``priced`` -- the same rule with the true price of holding. The paper
 charges a pin one second per second held, as if it stalled the whole
@@ -73,6 +77,11 @@ class TTLContext:
     # The job's client overhead per round trip (``RoundTripOverhead``): a TTL
     # from the tool's own expected duration adds it (see ``hint_ttl``).
     round_trip_s: float = 0.0
+    # Whether ``round_trip_s`` was measured (``RoundTripOverhead.is_measured``:
+    # this job's samples or the server's) rather than the configured default.
+    # The CDF rule's cold-start TTL adds it only then, so that a server that
+    # has measured nothing decides exactly as before.
+    round_trip_measured: bool = False
     # What a second of holding costs, in seconds of the benefit's currency:
     # the pin's share of the pool times how full the pool is (``priced``
     # reads it; 1.0, the paper's charge, otherwise).
@@ -125,7 +134,7 @@ class CDFTTLPolicy:
     def decide(self, ctx: TTLContext) -> TTLDecision:
         history = self.history
         if history.num_samples() < self.cold_start_samples:
-            return TTLDecision(min(self.default_ttl_s, self.max_ttl_s), "default")
+            return TTLDecision(self.cold_start_ttl(ctx), "default")
         key: str | None = ctx.tool_key
         samples = history.samples(key)
         source = "tool"
@@ -140,6 +149,16 @@ class CDFTTLPolicy:
                 self._caches.clear()  # tool keys the history dropped
             cache = self._caches[key] = _DecisionCache(samples.version)
         return TTLDecision(cache.answer(samples.as_array(), benefit, self.max_ttl_s), source)
+
+    def cold_start_ttl(self, ctx: TTLContext) -> float:
+        """TTL before ``cold_start_samples`` gaps are measured:
+        ``default_ttl_s`` plus the measured client round trip (nothing when
+        it is not measured, or not a finite number >= 0), at most
+        ``max_ttl_s``. Never below ``min(default_ttl_s, max_ttl_s)``."""
+        round_trip = ctx.round_trip_s if ctx.round_trip_measured else 0.0
+        if not (math.isfinite(round_trip) and round_trip > 0.0):
+            round_trip = 0.0
+        return min(self.default_ttl_s + round_trip, self.max_ttl_s)
 
     def _benefit(self, benefit_s: float, ctx: TTLContext) -> float:
         """The paper's rule: a second held costs a second."""

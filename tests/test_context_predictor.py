@@ -191,6 +191,11 @@ def test_rules_override_file_wins_and_adds(tmp_path):
         ({"rules": {"match": "ls"}}, "'rules' must be a list"),
         ({"version": 2, "rules": []}, "version"),
         ({"rulez": []}, "unknown top-level"),
+        ({"tools": [{"name": "Read", "class": "fast"}, {"name": "Task", "class": "duration"}]}, "tools[1]"),
+        ({"tools": [{"name": "Read", "class": "fast", "match": "x"}]}, "unknown key"),
+        ({"tools": [{"name": "two words", "class": "fast"}]}, "'name'"),
+        ({"tools": [{"name": "Task", "class": "slow", "ttl_s": 3}]}, "'ttl_s'"),
+        ({"tools": {"name": "Read"}}, "'tools' must be a list"),
     ],
 )
 def test_malformed_rules_file_names_file_and_entry(tmp_path, document, needle):
@@ -588,3 +593,84 @@ def test_missing_xgboost_skips_the_layer(monkeypatch, caplog):
     assert [layer.name for layer in predictor.layers] == ["rules", "bayesian"]
     assert "xgboost is not installed" in caplog.text
     assert predictor.predict(call("python foo.py"), CTX).layer == "fallback"
+
+
+
+# ----------------------------------------------------------------------
+# Seeded priors for agent clients' tool names (the rules file's "tools")
+# ----------------------------------------------------------------------
+def hermes_call(name: str, arguments: str = "{}") -> ToolCall:
+    parsed = extract_tool_call(f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+    assert parsed is not None
+    return parsed
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Task", "WebFetch", "WebSearch", "AskUserQuestion", "task", "webfetch", "web_fetch", "google_web_search",
+     "ask_followup_question", "visit_webpage"],
+)
+def test_seeded_slow_tools(rules, name):
+    prediction = rules.predict(hermes_call(name))
+    assert prediction is not None and prediction.speed is SLOW and prediction.ttl_s == 0.0, name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Read", "Grep", "Glob", "Edit", "MultiEdit", "Write", "TodoWrite", "NotebookEdit", "LS",
+     "apply_patch", "update_plan", "str_replace_editor", "read_file", "search_file_content", "replace_in_file"],
+)
+def test_seeded_fast_tools(rules, name):
+    prediction = rules.predict(hermes_call(name, '{"file_path": "a.py"}'))
+    assert prediction is not None and prediction.speed is FAST, name
+    assert prediction.ttl_s == pytest.approx(1.0) and prediction.layer == "rules"
+
+
+def test_unknown_tools_and_shell_tools_are_not_named_rules(rules):
+    assert rules.predict(hermes_call("my_custom_tool")) is None
+    # Claude Code's Bash is a shell: its command decides, not its name.
+    assert rules.predict(hermes_call("Bash", '{"command": "ls -la"}')).speed is FAST
+    assert rules.predict(hermes_call("Bash", '{"command": "pip install torch"}')).speed is SLOW
+    # Codex's shell with an argv list, and its apply_patch run through it.
+    assert rules.predict(hermes_call("shell", '{"command": ["bash", "-lc", "git status"]}')).speed is FAST
+    assert rules.predict(hermes_call("shell", '{"command": ["apply_patch", "*** Begin Patch"]}')).speed is FAST
+
+
+def test_code_actions_are_classified_by_the_tools_they_call(rules):
+    search = extract_tool_call("Thought: look it up.\n<code>\nprint(web_search(query='x'))\n")
+    assert rules.predict(search).speed is SLOW
+    # Any slow tool makes the action slow; all fast tools make it fast.
+    mixed = extract_tool_call("<code>\nfoo = read_file('a')\nweb_search(foo)\n</code>")
+    assert rules.predict(mixed).speed is SLOW
+    fast = extract_tool_call("<code>\nread_file('a')\nwrite_file('b', 'x')\n</code>")
+    assert rules.predict(fast).speed is FAST
+    # Plain Python or an unknown tool: the learned layers decide.
+    assert rules.predict(extract_tool_call("<code>\nprint(2 ** 10)\n</code>")) is None
+    assert rules.predict(extract_tool_call("<code>\nread_file('a'); my_tool()\n</code>")) is None
+
+
+def test_tool_rules_override_file_wins(tmp_path):
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps({"tools": [
+        {"name": "grep", "class": "slow", "comment": "a monorepo"},
+        {"name": "Task", "class": "abstain"},
+        {"name": "my_tool", "class": "fast", "ttl_s": 0.4, "seconds": 0.2},
+    ]}))
+    layer = RulesLayer(ContextServeConfig(rules_path=str(path)))
+    assert layer.predict(hermes_call("Grep")).speed is SLOW  # names compare case-insensitively
+    assert layer.predict(hermes_call("Task")) is None
+    mine = layer.predict(hermes_call("my_tool"))
+    assert mine.speed is FAST and mine.ttl_s == pytest.approx(0.4) and mine.predicted_seconds == pytest.approx(0.2)
+    assert layer.predict(hermes_call("Read")).speed is FAST  # defaults still apply
+
+
+def test_seeded_fast_tool_ttl_adds_the_round_trip_in_the_predictor():
+    predictor = ContextAwarePredictor(ContextServeConfig(refit_every=10_000), fallback)
+    try:
+        ctx = TTLContext(tool_key="Read", context_tokens=1000, queueing_delay_s=1.0, eta=1.0, round_trip_s=1.5)
+        read = predictor.predict(hermes_call("Read", '{"file_path": "a.py"}'), ctx)
+        assert (read.speed, read.layer) == (FAST, "rules") and read.ttl_s == pytest.approx(1.0 + 1.5)
+        task = predictor.predict(hermes_call("Task", '{"prompt": "go"}'), ctx)
+        assert (task.speed, task.layer, task.ttl_s) == (SLOW, "rules", 0.0)
+    finally:
+        predictor.close()

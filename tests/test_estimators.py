@@ -217,6 +217,66 @@ def test_round_trip_overhead_cold_start_then_global_then_per_job():
         RoundTripOverhead(quantile=0.0)
 
 
+def test_round_trip_overhead_says_when_its_margin_is_measured():
+    rt = RoundTripOverhead(default_s=2.5, min_job_samples=3, min_global_samples=20)
+    jobs = JobTracker()
+    a, _, _ = jobs.on_arrival("a", 0.0)
+    # Before any sample margin() is the configured default, not a measurement.
+    assert rt.margin(a) == 2.5 and not rt.is_measured(a) and not rt.is_measured(None)
+    for _ in range(3):
+        rt.observe(a, gap_s=3.1, tool_s=0.1)  # this client: 3 s per round trip
+    assert rt.is_measured(a) and rt.margin(a) == pytest.approx(3.0)
+    assert not rt.is_measured(None)  # 3 samples: not yet the server's
+    for i in range(17):
+        other, _, _ = jobs.on_arrival(f"o{i}", 0.0)
+        rt.observe(other, gap_s=1.1, tool_s=0.1)
+    assert rt.is_measured(None)
+
+
+def _cold_ctx(**kwargs):
+    return TTLContext(tool_key="never-seen", context_tokens=2000, queueing_delay_s=1.0, eta=1.0, **kwargs)
+
+
+@pytest.mark.parametrize("policy_cls", [CDFTTLPolicy, PricedTTLPolicy])
+def test_cold_start_ttl_covers_a_measured_round_trip(policy_cls):
+    h = ToolDurationHistory()
+    policy = policy_cls(h, PrefillCostModel(1e-3), default_ttl_s=2.0, max_ttl_s=60, cold_start_samples=100)
+    # This job's (or the server's) measured client round trip: 3 s.
+    d = policy.decide(_cold_ctx(round_trip_s=3.0, round_trip_measured=True))
+    assert d.source == "default" and d.ttl_s >= 2.0 + 3.0
+    assert d.ttl_s == pytest.approx(5.0)
+    # Clamped by max_ttl_s.
+    short = policy_cls(h, PrefillCostModel(1e-3), default_ttl_s=2.0, max_ttl_s=4.0, cold_start_samples=100)
+    assert short.decide(_cold_ctx(round_trip_s=3.0, round_trip_measured=True)).ttl_s == 4.0
+
+
+@pytest.mark.parametrize("policy_cls", [CDFTTLPolicy, PricedTTLPolicy])
+def test_cold_start_ttl_is_the_default_until_a_round_trip_is_measured(policy_cls):
+    h = ToolDurationHistory()
+    policy = policy_cls(h, PrefillCostModel(1e-3), default_ttl_s=2.0, max_ttl_s=60, cold_start_samples=100)
+    # What the scheduler passes before any measurement: margin() is
+    # round_trip_default_s (2.5 s), not measured -> the default as before.
+    rt = RoundTripOverhead(default_s=2.5)
+    job, _, _ = JobTracker().on_arrival("a", 0.0)
+    ctx = _cold_ctx(round_trip_s=rt.margin(job), round_trip_measured=rt.is_measured(job))
+    assert policy.decide(ctx).ttl_s == 2.0
+    assert policy.decide(_cold_ctx()).ttl_s == 2.0  # the context's defaults
+    # A nonsensical margin adds nothing rather than poisoning the TTL.
+    for bad in (float("nan"), float("inf"), -1.0):
+        assert policy.decide(_cold_ctx(round_trip_s=bad, round_trip_measured=True)).ttl_s == 2.0
+
+
+def test_cold_start_round_trip_is_not_added_to_ttls_from_measured_gaps():
+    # A tool seen for the first time on a server with history uses the
+    # global distribution of measured gaps, which hold the round trip.
+    h = ToolDurationHistory()
+    policy = CDFTTLPolicy(h, PrefillCostModel(1e-3), default_ttl_s=2.0, max_ttl_s=60, cold_start_samples=10)
+    for _ in range(10):
+        h.record("pytest", 0.5)
+    d = policy.decide(_cold_ctx(round_trip_s=3.0, round_trip_measured=True))
+    assert d.source == "global" and d.ttl_s == pytest.approx(0.5)
+
+
 def test_job_tracker_evicts_idle_jobs_first():
     jobs = JobTracker(max_jobs=2)
     jobs.on_arrival("busy", 1.0)

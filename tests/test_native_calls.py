@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_continuum_plugin.estimators.native_calls import (
+    CODE_TOOL,
     NativeCall,
     command_of,
     extract_native_calls,
@@ -272,13 +273,15 @@ def test_mini_swe_agent_fence() -> None:
 
 
 def test_fences_all_shell_blocks_in_order_skip_others() -> None:
+    # A ```python block is a code action (smolagents before 1.20), not a
+    # shell command; untagged and other-language fences are neither.
     text = (
-        "```python\nprint('not a command')\n```\n"
+        "```python\nprint('code')\n```\n```\nuntagged\n```\n```json\n{}\n```\n"
         "```bash\ncd /repo\n```\nthen\n```sh\nmake test\n```\n```shell\ngit diff"
     )
-    assert [command_of(c) for c in extract_native_calls(text)] == [
-        "cd /repo", "make test", "git diff",
-    ]
+    calls = extract_native_calls(text)
+    assert calls[0] == NativeCall(CODE_TOOL, {"code": "print('code')"}, "code")
+    assert [command_of(c) for c in calls[1:]] == ["cd /repo", "make test", "git diff"]
 
 
 def test_structured_call_wins_over_fence_in_prose() -> None:
@@ -367,7 +370,9 @@ def test_only_the_tail_is_read() -> None:
 def test_command_of_and_tool_key_of_rules() -> None:
     assert command_of(NativeCall("Execute_Bash", {"cmd": "ls"}, "hermes")) == "ls"
     assert command_of(NativeCall("run", {"script": "make"}, "hermes")) == "make"
-    assert command_of(NativeCall("bash", {"command": ["ls"]}, "hermes")) is None
+    assert command_of(NativeCall("bash", {"command": ["ls"]}, "hermes")) == "ls"
+    assert command_of(NativeCall("bash", {"command": ["ls", 3]}, "hermes")) is None
+    assert command_of(NativeCall("bash", {"command": []}, "hermes")) is None
     assert command_of(NativeCall("python", {"code": "print(1)"}, "hermes")) is None
     git = NativeCall("git", {"subcommand": "status", "args": []}, "hermes")
     assert tool_key_of(git) == "git status"
@@ -382,3 +387,97 @@ def test_native_call_is_frozen_and_hashable() -> None:
     with pytest.raises(AttributeError):
         call.name = "sh"  # type: ignore[misc]
     assert hash(call) == hash(NativeCall("bash", {"command": "pwd"}, "fence"))
+
+
+# --------------------------------------------------------------------------
+# Claude Code over /v1/messages: vLLM's Anthropic endpoint turns the model's
+# raw tool call (here Hermes, --tool-call-parser hermes) into a tool_use
+# block, and renders that tool_use back into the next prompt in the same
+# raw format. Tool names are Claude Code's own (capitalised).
+
+def _hermes(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call><|im_end|>'
+
+
+def test_claude_code_bash_tool_is_a_shell_command() -> None:
+    text = _hermes("Bash", '{"command": "pytest -q", "description": "Run the tests"}')
+    (call,) = extract_native_calls(text)
+    assert call == NativeCall("Bash", {"command": "pytest -q", "description": "Run the tests"}, "hermes")
+    assert command_of(call) == "pytest -q" and tool_key_of(call) == ""
+
+
+@pytest.mark.parametrize(
+    "name, arguments",
+    [
+        ("Read", '{"file_path": "/repo/a.py"}'),
+        ("Edit", '{"file_path": "/repo/a.py", "old_string": "a - b", "new_string": "a + b"}'),
+        ("Write", '{"file_path": "/repo/b.py", "content": "x = 1"}'),
+        ("Grep", '{"pattern": "def parse", "path": "src"}'),
+        ("Glob", '{"pattern": "**/*.py"}'),
+        ("Task", '{"description": "find callers", "prompt": "...", "subagent_type": "general-purpose"}'),
+        ("WebFetch", '{"url": "https://example.com", "prompt": "summarise"}'),
+        ("WebSearch", '{"query": "vllm scheduler"}'),
+        ("TodoWrite", '{"todos": [{"content": "fix", "status": "pending"}]}'),
+        ("NotebookEdit", '{"notebook_path": "a.ipynb", "new_source": "x"}'),
+    ],
+)
+def test_claude_code_tools_are_keyed_by_name(name: str, arguments: str) -> None:
+    (call,) = extract_native_calls(_hermes(name, arguments))
+    assert call.name == name and command_of(call) is None and tool_key_of(call) == name
+
+
+# --------------------------------------------------------------------------
+# Codex CLI: "shell" takes an argv list, "exec_command" a string "cmd"
+
+@pytest.mark.parametrize(
+    "arguments, command",
+    [
+        ('{"command": ["bash", "-lc", "pytest -q"], "workdir": "/repo"}', "pytest -q"),
+        ('{"command": ["/bin/zsh", "-l", "-c", "cd src && make"]}', "cd src && make"),
+        ('{"command": ["rg", "-n", "def parse", "src"]}', "rg -n 'def parse' src"),
+        ('{"command": ["apply_patch", "*** Begin Patch\\n*** Update File: a.py\\n*** End Patch"]}', "apply_patch"),
+    ],
+)
+def test_codex_shell_argv_list_is_the_command_it_runs(arguments: str, command: str) -> None:
+    (call,) = extract_native_calls(_hermes("shell", arguments))
+    assert command_of(call) == command
+
+
+def test_codex_exec_command_and_shell_command() -> None:
+    (call,) = extract_native_calls(_hermes("exec_command", '{"cmd": "git status", "yield_time_ms": 1000}'))
+    assert command_of(call) == "git status"
+    (call,) = extract_native_calls(_hermes("shell_command", '{"command": "ls -la"}'))
+    assert command_of(call) == "ls -la"
+    (call,) = extract_native_calls(_hermes("apply_patch", '{"input": "*** Begin Patch"}'))
+    assert command_of(call) is None and tool_key_of(call) == "apply_patch"
+
+
+# --------------------------------------------------------------------------
+# smolagents CodeAgent code actions
+
+SMOLAGENTS_126 = (  # stopped at the "</code>" stop string: unterminated
+    "Thought: I will search the web for the population.\n"
+    "<code>\nresult = web_search(query=\"population of Paris\")\nprint(result)\n"
+)
+SMOLAGENTS_LEGACY = (
+    "Thought: I will search.\nCode:\n```py\nresult = web_search(query=\"x\")\nprint(result)\n```<end_code>"
+)
+
+
+@pytest.mark.parametrize("text", [SMOLAGENTS_126, SMOLAGENTS_126 + "</code>", SMOLAGENTS_LEGACY])
+def test_smolagents_code_action_is_a_code_call(text: str) -> None:
+    (call,) = extract_native_calls(text)
+    assert call == NativeCall(
+        CODE_TOOL, {"code": 'result = web_search(query="population of Paris")\nprint(result)'
+                    if "Paris" in text else 'result = web_search(query="x")\nprint(result)'}, "code",
+    )
+
+
+def test_code_tag_inside_prose_is_not_a_code_action() -> None:
+    assert extract_native_calls("Wrap it in <code>foo()</code> tags.") == []
+    assert extract_native_calls("<code>\n\n</code>") == []
+
+
+def test_smolagents_structured_output_code_action() -> None:
+    text = '{"thought": "Done.", "code": "final_answer(42)"}'
+    assert extract_native_calls(text) == [NativeCall(CODE_TOOL, {"code": "final_answer(42)"}, "code")]

@@ -106,3 +106,110 @@ def test_parsing_is_bounded_whatever_the_input():
     long_reply = "```bash\n" + "y" * 10_000 + "\n```"
     call = extract_tool_call(long_reply)
     assert call is not None and len(call.command) <= MAX_PARSED_CHARS
+
+
+# --------------------------------------------------------------------------
+# Agent clients' own formats: what each one's reply parses to (key, command)
+
+from vllm_continuum_plugin.estimators.code_actions import MAX_FUNCTIONS, called_functions  # noqa: E402
+from vllm_continuum_plugin.estimators.parser import CODE_KEY, CODE_TOOL, is_finish_action  # noqa: E402
+
+FINISH = ("submit", "finish", "final_answer")
+
+
+def _hermes(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call><|im_end|>'
+
+
+def test_smolagents_code_tag_is_keyed_by_the_tools_it_calls():
+    # smolagents 1.26: generation stops at the "</code>" stop string.
+    reply = (
+        "Thought: I need the page and a search.\n<code>\n"
+        'page = visit_webpage(url="https://example.com")\n'
+        'hits = web_search(query="example")\nprint(page[:200], hits)\n'
+    )
+    call = extract_tool_call(reply)
+    assert call.tool == CODE_TOOL and call.tool_key == "visit_webpage+web_search"
+    assert call.command.startswith("page = visit_webpage(") and call.functions == ("visit_webpage", "web_search")
+    assert call.commands == () and not is_finish_action(call, FINISH)
+
+
+def test_smolagents_legacy_py_fence_is_a_code_action():
+    reply = 'Thought: search.\nCode:\n```py\nresult = web_search(query="x")\nprint(result)\n```<end_code>'
+    call = extract_tool_call(reply)
+    assert (call.tool, call.tool_key, call.command) == (CODE_TOOL, "web_search", 'result = web_search(query="x")\nprint(result)')
+    python = extract_tool_call("```python\nanswer = wikipedia_search('Paris')\n```")
+    assert python.tool_key == "wikipedia_search"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '<code>\nfinal_answer("Paris has 2.1 million inhabitants")\n</code>',
+        "Thought: done.\n<code>\nx = web_search('a')\nfinal_answer(x)\n",
+        "Code:\n```py\nfinal_answer(answer=42)\n```<end_code>",
+        '{"thought": "I know it.", "code": "final_answer(42)"}',
+    ],
+)
+def test_a_code_action_that_calls_final_answer_is_a_finish_action(reply):
+    call = extract_tool_call(reply)
+    assert call is not None and "final_answer" in call.functions
+    assert is_finish_action(call, FINISH)
+    assert not is_finish_action(call, ("submit", "finish"))  # only when final_answer is configured
+
+
+def test_a_code_action_without_tool_calls_has_the_code_key():
+    call = extract_tool_call("<code>\nimport math\nprint(math.sqrt(2) * len([1, 2]))\n</code>")
+    assert call.tool_key == CODE_KEY and call.functions == ()
+
+
+def test_called_functions_skips_strings_comments_methods_builtins_and_definitions():
+    code = (
+        "def helper(x):\n    return sorted(x)\n"
+        "class Row(dict):\n    pass\n"
+        "# web_search('in a comment')\n"
+        "note = 'call foo() later' + \"and bar()\"\n"
+        "doc = '''visit_webpage(x)\n'''\n"
+        "rows = re.findall(r'a', s)\n"
+        "@lru_cache(maxsize=None)\ndef cached(): pass\n"
+        "helper(rows); Row(); text = f'{x}'\n"
+        "final_answer(web_search (query='q'))\n"
+    )
+    assert called_functions(code) == ("final_answer", "web_search")
+    many = "\n".join(f"tool_{i}()" for i in range(40))
+    kept = called_functions(many)
+    assert len(kept) == MAX_FUNCTIONS and kept[0] == "tool_0" and kept[-1] == "tool_39"
+
+
+def test_claude_code_bash_tool_is_keyed_by_its_command():
+    call = extract_tool_call(_hermes("Bash", '{"command": "cd /repo && pytest -q", "description": "Run tests"}'))
+    assert (call.tool, call.tool_key, call.command) == ("bash", "pytest", "cd /repo && pytest -q")
+
+
+@pytest.mark.parametrize(
+    "name", ["Read", "Edit", "Write", "Grep", "Glob", "Task", "WebFetch", "WebSearch", "TodoWrite", "NotebookEdit"]
+)
+def test_claude_code_tool_names_are_keys(name):
+    call = extract_tool_call(_hermes(name, '{"file_path": "/repo/a.py", "pattern": "x"}'))
+    assert (call.tool, call.tool_key, call.command, call.commands) == (name, name, name, ())
+    assert not is_finish_action(call, FINISH)
+
+
+@pytest.mark.parametrize(
+    "name, arguments, key, command",
+    [
+        ("shell", '{"command": ["bash", "-lc", "pytest -q"], "workdir": "/repo"}', "pytest", "pytest -q"),
+        ("shell", '{"command": ["git", "diff", "--stat"]}', "git diff", "git diff --stat"),
+        ("shell", '{"command": ["apply_patch", "*** Begin Patch\\n*** End Patch"]}', "apply_patch", "apply_patch"),
+        ("exec_command", '{"cmd": "python -m pytest -x tests/"}', "python -m pytest", "python -m pytest -x tests/"),
+        ("shell_command", '{"command": "ls -la"}', "ls", "ls -la"),
+    ],
+)
+def test_codex_shell_tools_give_the_shell_command(name, arguments, key, command):
+    call = extract_tool_call(_hermes(name, arguments))
+    assert (call.tool, call.tool_key, call.command) == ("bash", key, command)
+
+
+def test_codex_apply_patch_tool_is_keyed_by_name():
+    call = extract_tool_call(_hermes("apply_patch", '{"input": "*** Begin Patch\\n*** End Patch"}'))
+    assert (call.tool, call.tool_key) == ("apply_patch", "apply_patch")

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import pytest
 
+from vllm_continuum_plugin.estimators.code_actions import called_functions
 from vllm_continuum_plugin.estimators.native_calls import MAX_CALL_CANDIDATES, extract_native_calls
 from vllm_continuum_plugin.estimators.parser import (
     MAX_PARSED_CHARS,
@@ -115,6 +116,8 @@ SCANNERS: dict[str, Callable[[str], object]] = {
     "strip_thinking": strip_thinking,
     "last_shell_block": last_shell_block,
     "extract_native_calls": lambda text: extract_native_calls(text, max_chars=len(text)),
+    # Reads a code action's code (a whole reply here, not just code).
+    "called_functions": called_functions,
 }
 
 
@@ -242,9 +245,50 @@ def test_a_reply_of_repeated_end_of_turn_tokens_parses_in_linear_time() -> None:
 
 
 def test_a_reply_of_repeated_code_tags_parses_in_linear_time() -> None:
-    # Not a format the parser reads: prose, and still linear.
+    # A <code> tag opens a code action only on a line of its own (or before
+    # one): these are prose, and still linear.
     _check_attack("<code> x n", lambda n: _repeat("<code>", n), None)
     _check_attack("<code>``` x n", lambda n: _repeat("<code>```", n), None)
+    # On lines of their own: empty blocks, then blocks of one call each
+    # (only the last MAX_CALL_CANDIDATES tags are read).
+    _check_attack("\\n<code> x n", lambda n: _repeat("\n<code>", n), None)
+    _check_attack("\\n<code>\\nx( x n", lambda n: _repeat("\n<code>\nx(", n), "x")
+    _check_attack("```py\\n x n", lambda n: _repeat("```py\n", n), None)
+
+
+@pytest.mark.parametrize(
+    "name, attack, key",
+    [
+        # One call, repeated: one name kept.
+        ("a( x n", lambda n: "<code>\n" + _repeat("a(", n - 7), "a"),
+        # One identifier of the whole reply, without and with a call.
+        ("a x n", lambda n: "<code>\n" + "a" * (n - 7), "<code>"),
+        ("a x n (", lambda n: "<code>\n" + "a" * (n - 8) + "(", "a" * 64),
+        # Identifiers each followed by a run of blanks and no "(".
+        ("a + blanks x n", lambda n: "<code>\n" + _repeat("a" + " \t" * 50, n - 7), "<code>"),
+        # Thousands of distinct tools: 16 kept, the key cut to 128 characters.
+        ("f0(); f1(); ...", lambda n: "<code>\n" + "".join(f"f{i}();" for i in range(n // 7))[: n - 7],
+         None),
+        # Unterminated strings, escapes and quotes: nothing is a call.
+        ('""" + ""x x n', lambda n: '<code>\n"""' + _repeat('""x', n - 10), "<code>"),
+        ("'\\ x n", lambda n: "<code>\n'" + _repeat("\\", n - 8), "<code>"),
+        ('" x n', lambda n: "<code>\n" + _repeat('"', n - 7), "<code>"),
+        ("# x n", lambda n: "<code>\n" + _repeat("#a(", n - 7), "<code>"),
+        ("def x n", lambda n: "<code>\n" + _repeat("def ", n - 7), "<code>"),
+        ("@a( x n", lambda n: "<code>\n" + _repeat("@a(", n - 7), "<code>"),
+        # The same through the legacy fence and the structured-output JSON.
+        ("```py a( x n", lambda n: "```py\n" + _repeat("a(", n - 6), "a"),
+        ('{"thought", "code": a( x n}', lambda n: '{"thought": "", "code": "' + _repeat("a(", n - 27) + '"}', "a"),
+    ],
+)
+def test_a_code_action_built_to_be_slow_parses_in_linear_time(
+    name: str, attack: Callable[[int], str], key: str | None
+) -> None:
+    if key is None:  # many distinct tools: whatever the key, it is bounded
+        call = extract_tool_call(attack(SMALL))
+        assert call is not None and len(call.functions) <= 16 and len(call.tool_key) <= 128
+        key = call.tool_key
+    _check_attack(name, attack, key)
 
 
 @pytest.mark.parametrize(
