@@ -193,14 +193,15 @@ def test_continuum_learns_what_reloading_from_vllms_native_tier_costs(model_dir:
     try:
         engine.run()
         scheduler = engine.scheduler
-        tier = scheduler.tier
-        assert tier is not None and tier.ready
-        assert len(scheduler._tier_loads) == 0  # every timed load was reported
+        assert scheduler.tier is not None
+        tier = scheduler.tier.model
+        assert tier.ready
+        assert scheduler.tier.timed_loads == 0  # every timed load was reported
         assert tier.coverage.mean() > 0.9  # write-through stores: the tier has what the GPU lost
-        reload = tier.rebuild_seconds(4000, scheduler.prefill_cost.seconds)
+        reload = scheduler.tier.rebuild_seconds(4000)
         assert reload is not None and 0 < reload < scheduler.prefill_cost.seconds(4000)
         # So a waiting request may take an older job's pin: the tier has it.
-        assert scheduler._pins_are_cheap()
+        assert scheduler.tier.pins_are_cheap()
     finally:
         engine.scheduler.shutdown()
 

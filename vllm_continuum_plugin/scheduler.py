@@ -32,7 +32,7 @@ block manager and kernels untouched:
   job-aware ``ContinuumRequestQueue``.
 * ``_update_waiting_for_remote_kv`` -- with a KV connector the plugin does
   not drive (vLLM's native offloading, LMCache), times the loads of later
-  turns from that connector's tier (:mod:`~.estimators.tier_reload`), so a
+  turns from that connector's tier (:class:`~.foreign_tier.ForeignTier`), so a
   dropped context is priced as the reload it costs, not a prefill.
 * ``reset_prefix_cache`` / ``shutdown`` -- release every pin first.
 
@@ -69,7 +69,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from .admission import AdmissionGate
 from .clock import SYSTEM_CLOCK, Clock
@@ -78,7 +78,6 @@ from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, Tu
 from .decisions import Decider, make_decider
 from .estimators.parser import NO_TOOL_KEY, is_finish_action
 from .estimators.prefill import PrefillCostModel, PrefillTimer
-from .estimators.tier_reload import TierLoadTimer, TierReloadModel
 from .estimators.round_trip import RoundTripOverhead
 from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
 from .implicit_jobs import ImplicitJobIndex, is_implicit_job
@@ -86,6 +85,7 @@ from .job_queue import ContinuumRequestQueue
 from .job_order import JobOrder
 from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata, request_meta, set_request_meta
 from .metrics import EngineMetrics
+from .foreign_tier import ForeignTier
 from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
 from .soft_pins import SoftPins
@@ -165,10 +165,11 @@ class ContinuumSchedulerMixin:
         # Any other KV connector (vLLM's native offloading, LMCache) may keep
         # a second tier the plugin does not drive: learn what reloading from
         # it costs, so a dropped context is priced as a reload, not a prefill.
-        self.tier: TierReloadModel | None = (
-            TierReloadModel() if self.connector is not None and self.offload is None else None
+        self.tier: ForeignTier | None = (
+            ForeignTier(self.block_size, self.prefill_cost.seconds)
+            if self.connector is not None and self.offload is None
+            else None
         )
-        self._tier_loads: TierLoadTimer | None = TierLoadTimer(self.tier) if self.tier is not None else None
         self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)
         # Untagged agents: finished turns that called a tool, found again by
         # the prefix of their next turn (needs block hashes: prefix caching).
@@ -206,7 +207,10 @@ class ContinuumSchedulerMixin:
             block_size=self.block_size,
             free_blocks=self._free_after_fence,
         )
-        self.soft_pins = SoftPins(self, self.pins, self.order, pins_are_cheap=self._pins_are_cheap)
+        self.soft_pins = SoftPins(
+            self, self.pins, self.order,
+            pins_are_cheap=self.tier.pins_are_cheap if self.tier is not None else lambda: False,
+        )
         self.admission: AdmissionGate | None = None
         if cfg.admission and self.pinning_enabled and self.connector is None:
             self.admission = AdmissionGate(
@@ -357,8 +361,8 @@ class ContinuumSchedulerMixin:
         if output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids:
             self._running_order_dirty = True
             self._after_admission(output)
-        if self._tier_loads is not None:
-            self._time_tier_loads()
+        if self.tier is not None:
+            self.tier.after_step(self._waiting_by_job.values(), self.clock.monotonic())
         if output.preempted_req_ids:
             self._running_order_dirty = True
         # (The waker's deadline is refreshed in update_from_output, which
@@ -382,7 +386,7 @@ class ContinuumSchedulerMixin:
             if job_id is None:
                 continue
             if self.tier is not None:
-                self._observe_tier_return(job_id, request)
+                self.tier.admitted(request, self.jobs.get(job_id))
             if self.admission is not None:
                 self.admission.on_admitted(job_id, request)
             if self.offload is not None:
@@ -402,38 +406,11 @@ class ContinuumSchedulerMixin:
                     # saw is the paper's T.
                     self.evicted_queueing_delay.add(max(0.0, wall_now - request.arrival_time))
 
-    def _time_tier_loads(self) -> None:
-        """Start timing the loads this step began: later turns of jobs that
-        the connector put into ``WAITING_FOR_REMOTE_KVS`` (the tokens it
-        supplies are in the request's prefill stats, set at that lookup)."""
-        timer = self._tier_loads
-        assert timer is not None
-        now = self.clock.monotonic()
-        for waiting in self._waiting_by_job.values():
-            for request in waiting:
-                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and request.request_id not in timer:
-                    stats = getattr(request, "prefill_stats", None)
-                    timer.start(request.request_id, now, getattr(stats, "num_external_cached_tokens", 0))
-
     def _update_waiting_for_remote_kv(self, request: Request) -> None:
         failed = request.request_id in self.failed_recving_kv_req_ids
         super()._update_waiting_for_remote_kv(request)  # type: ignore[misc]
-        if self._tier_loads is not None:
-            self._tier_loads.finish(request.request_id, self.clock.monotonic(), failed)
-
-    def _observe_tier_return(self, job_id: str, request: Request) -> None:
-        """How much of a returning turn's earlier context, missing on the
-        GPU, the connector's tier supplied (the turn's new tokens were never
-        stored anywhere, so they do not count)."""
-        assert self.tier is not None
-        job = self.jobs.get(job_id)
-        stats = getattr(request, "prefill_stats", None)
-        if job is None or job.turns_finished == 0 or stats is None or not stats.num_prompt_tokens:
-            return
-        earlier = min(stats.num_prompt_tokens, job.last_context_tokens)
-        missing = earlier - stats.num_local_cached_tokens
-        if missing >= self.block_size:
-            self.tier.observe_return(missing, stats.num_external_cached_tokens)
+        if self.tier is not None:
+            self.tier.load_finished(request.request_id, self.clock.monotonic(), failed)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
@@ -460,8 +437,8 @@ class ContinuumSchedulerMixin:
             return
         self._forget_waiting(request)
         self._prefills.forget(request.request_id)
-        if self._tier_loads is not None:
-            self._tier_loads.forget(request.request_id)
+        if self.tier is not None:
+            self.tier.forget(request.request_id)
         meta = request_meta(request)
         job_id = meta.job_id
         if job_id is None and self.implicit_jobs is None:
@@ -515,6 +492,7 @@ class ContinuumSchedulerMixin:
                 eta=self.turn_correlation.eta(),
                 rebuild_seconds=self._rebuild_seconds(request),
                 round_trip_s=self.round_trip.margin(job),
+                round_trip_measured=self.round_trip.is_measured(job),
                 hold_price=self._hold_price(request),
             ),
         )
@@ -627,17 +605,6 @@ class ContinuumSchedulerMixin:
         blocks = min(len(request.block_hashes), request.num_tokens // self.block_size)
         return blocks / max(1, pool.num_gpu_blocks - 1) * min(1.0, max(0.0, pool.get_usage()))
 
-    def _pins_are_cheap(self) -> bool:
-        """A foreign connector's tier holds what a pin would keep and
-        reloads it faster than a prefill (measured): dropping a pin costs a
-        reload, so soft pins give way to any request."""
-        tier = self.tier
-        if tier is None or not tier.ready:
-            return False
-        probe = 16 * 1024  # tokens: a typical agent context, only to compare the two slopes
-        reload = tier.rebuild_seconds(probe, self.prefill_cost.seconds)
-        return reload is not None and reload < self.prefill_cost.seconds(probe)
-
     def _rebuild_seconds(self, request: Request) -> float | None:
         """With the plugin's offload connector, rebuilding the context costs a
         reload of what the store holds plus a prefill of the rest; with
@@ -645,7 +612,7 @@ class ContinuumSchedulerMixin:
         (a prefill) otherwise or while nothing is known."""
         if self.offload is None:
             if self.tier is not None:
-                return self.tier.rebuild_seconds(request.num_tokens, self.prefill_cost.seconds)
+                return self.tier.rebuild_seconds(request.num_tokens)
             return None
         per_token = self.offload.reload_seconds_per_token()
         if per_token is None:
