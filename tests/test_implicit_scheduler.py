@@ -242,3 +242,40 @@ def test_random_untagged_traffic_leaves_every_block_free():
     step(s)
     assert_all_blocks_free(s)
     assert s.implicit_jobs.num_blocks <= s.continuum_config.implicit_max_blocks
+
+
+def embeds_request(num_tokens: int, seed: int, max_tokens: int):
+    """An untagged request whose prompt is embeddings only (``--enable-prompt-embeds``):
+    vLLM keeps no prompt token ids for it."""
+    import torch
+    from harness import _init_hashing
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    _init_hashing()
+    embeds = torch.randn(num_tokens, 64, generator=torch.Generator().manual_seed(seed))
+    return Request(
+        request_id=f"embeds-{seed}-{random.random()}",
+        prompt_token_ids=None,
+        prompt_embeds=embeds,
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        pooling_params=None,
+        arrival_time=0.0,
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
+    )
+
+
+def test_prompt_embeds_requests_calling_tools_are_served_as_stock_and_never_crash_the_engine():
+    # Finding: the second of two identical untagged prompt_embeds requests
+    # killed the EngineCore (implicit matching sliced prompt_token_ids, None).
+    s = make_scheduler(num_blocks=64)
+    for _ in range(2):
+        r = scripted(embeds_request(96, seed=1, max_tokens=len(LS)), LS)
+        s.add_request(r)
+        run_until_finished(s, [r])
+        assert implicit_job_of(s, r) is None
+    assert len(s.pins) == 0
+    assert s.continuum_metrics.snapshot()["implicit_turns"] == {"started": 0, "continued": 0}
+    assert_all_blocks_free(s)

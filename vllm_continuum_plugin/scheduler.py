@@ -278,7 +278,7 @@ class ContinuumSchedulerMixin:
     def add_request(self, request: Request) -> None:
         if request.request_id not in self.requests:
             meta = self._parse_request_metadata(request)
-            if meta.job_id is None and self.implicit_jobs is not None:
+            if meta.job_id is None and self.implicit_jobs is not None and _has_token_prompt(request):
                 meta = self._match_implicit_job(request, meta)
             set_request_meta(request, meta)
             if meta.job_id is not None:
@@ -448,8 +448,9 @@ class ContinuumSchedulerMixin:
         # The reply is read once, and only when the turn may go on.
         call = self.replies.tool_call(meta, request, reply_text) if normal and not meta.is_last_step else None
         if job_id is None:
-            if call is None or is_finish_action(call, self._finish_actions):
-                # Chat traffic, or a one-turn agent: served exactly as stock.
+            if call is None or is_finish_action(call, self._finish_actions) or not _has_token_prompt(request):
+                # Chat traffic, a one-turn agent, or a prompt of embeddings
+                # (no token ids to find its next turn by): served as stock.
                 super()._free_request_blocks(request)  # type: ignore[misc]
                 return
             job_id = self._start_implicit_job(request, meta)
@@ -659,6 +660,12 @@ class ContinuumSchedulerMixin:
     def _update_waker(self) -> None:
         if self._waker is not None:
             self._waker.set_deadline(self.pins.next_deadline())
+
+
+def _has_token_prompt(request: Request) -> bool:
+    """The prompt is token ids (not ``prompt_embeds``): implicit jobs match
+    and register turns by them."""
+    return request.prompt_token_ids is not None and getattr(request, "prompt_embeds", None) is None
 
 
 class ContinuumScheduler(ContinuumSchedulerMixin, Scheduler):
