@@ -132,11 +132,11 @@ def verdict(points: list[dict]) -> list[str]:
         checks = [f"closes {p['gap_closed']:.1%} of the gap ({'>=' if p['gap_closed'] >= 0.9 else '<'} 90%)"]
         if native is not None:
             diff = p["jct_mean_s"] / native["jct_mean_s"] - 1
-            checks.append(f"{diff:+.2%} mean JCT against native-offload "
+            checks.append(f"{diff:+.3%} mean JCT against native-offload "
                           f"({'beats' if diff < 0 else 'does not beat'} it)")
         if best_cap is not None:
             diff = p["jct_mean_s"] / best_cap["jct_mean_s"] - 1
-            checks.append(f"{diff:+.2%} against the best fixed cap, {best_cap['arm']} "
+            checks.append(f"{diff:+.1%} against the best fixed cap, {best_cap['arm']} "
                           f"({'beats' if diff < 0 else 'does not beat'} it)")
         out.append(f"`{arm}`: " + "; ".join(checks) + ".")
     return out
