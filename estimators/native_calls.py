@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,29 +323,38 @@ def _qwen3_xml(region: str) -> list[NativeCall]:
     return calls
 
 
+def _tagged_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, str]]:
+    """``(offset of open_tag, body)`` of the last ``MAX_CALL_CANDIDATES``
+    ``open_tag`` blocks, in order: a body runs to its ``close_tag``, the next
+    ``open_tag`` or the end of the text (an unterminated block, as a stop
+    string leaves it). Linear: each tag is found once."""
+    closes = _Finder(text, close_tag)
+    pos = _from_last(text, open_tag, MAX_CALL_CANDIDATES)
+    while True:
+        o = text.find(open_tag, pos)
+        if o < 0:
+            return
+        start = o + len(open_tag)
+        nxt = text.find(open_tag, start)
+        close = closes.find(start)
+        end = min(close, nxt if nxt >= 0 else len(text))
+        yield o, text[start:end]
+        pos = end + (len(close_tag) if end == close < len(text) else 0)
+
+
 def _tool_call_tags(text: str) -> list[NativeCall]:
     """``<tool_call>`` blocks holding Hermes JSON or Qwen3 XML."""
     if "<tool_call>" not in text:
         return _qwen3_xml(text) if "<function=" in text else []
     calls: list[NativeCall] = []
-    closes = _Finder(text, "</tool_call>")
-    pos = _from_last(text, "<tool_call>", MAX_CALL_CANDIDATES)
-    while True:
-        o = text.find("<tool_call>", pos)
-        if o < 0:
-            return calls
-        start = o + len("<tool_call>")
-        nxt = text.find("<tool_call>", start)
-        close = closes.find(start)
-        end = min(close, nxt if nxt >= 0 else len(text))
-        body = text[start:end]
+    for _, body in _tagged_blocks(text, "<tool_call>", "</tool_call>"):
         if "<function=" in body:
             calls.extend(_qwen3_xml(body))
         else:
             brace = body.find("{")
             if brace >= 0:
                 calls.extend(_from_json_text(body, brace, "hermes"))
-        pos = end + (len("</tool_call>") if end == close < len(text) else 0)
+    return calls
 
 
 def _llama3_json(text: str) -> list[NativeCall]:
@@ -434,21 +444,12 @@ def _code_tags(text: str) -> list[NativeCall]:
     stop string, so the last block is usually unterminated). Of the last
     ``MAX_CALL_CANDIDATES`` tags, in order."""
     calls: list[NativeCall] = []
-    closes = _Finder(text, "</code>")
-    pos = _from_last(text, "<code>", MAX_CALL_CANDIDATES)
-    while True:
-        o = text.find("<code>", pos)
-        if o < 0:
-            return calls
-        start = o + len("<code>")
-        nxt = text.find("<code>", start)
-        close = closes.find(start)
-        end = min(close, nxt if nxt >= 0 else len(text))
-        if _opens_code_block(text, o, start):
-            code = _code_body(text[start:end])
+    for o, body in _tagged_blocks(text, "<code>", "</code>"):
+        if _opens_code_block(text, o, o + len("<code>")):
+            code = _code_body(body)
             if code:
                 calls.append(NativeCall(CODE_TOOL, {"code": code}, "code"))
-        pos = end + (len("</code>") if end == close < len(text) else 0)
+    return calls
 
 
 def _code_json(text: str) -> list[NativeCall]:

@@ -295,20 +295,23 @@ def _number(source: str, where: str, entry: Any, key: str, *, positive: bool) ->
     return float(value)
 
 
-def parse_rule(entry: Any, source: str, index: int) -> Rule:
-    """Validate one entry of a file's ``rules`` list."""
-    where = f"rules[{index}]"
+def _check_keys(source: str, where: str, entry: Any, allowed: frozenset[str]) -> None:
+    """``entry`` is an object with only ``allowed`` keys."""
     if not isinstance(entry, dict):
         raise _fail(source, where, entry, "must be an object")
-    unknown = sorted(set(entry) - _RULE_KEYS)
+    unknown = sorted(set(entry) - allowed)
     if unknown:
-        raise _fail(source, where, entry, f"unknown key(s) {unknown}; allowed: {sorted(_RULE_KEYS)}")
-    match = entry.get("match")
-    if not isinstance(match, str) or not match.split():
-        raise _fail(source, where, entry, f"'match' must be a non-empty string, got {match!r}")
+        raise _fail(source, where, entry, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _check_class(
+    source: str, where: str, entry: dict[str, Any], classes: tuple[str, ...]
+) -> tuple[str, float | None, float | None]:
+    """The fields every rule has: ``class`` (one of ``classes``), ``ttl_s``
+    (fast rules only), ``seconds`` (fast and slow rules only), ``comment``."""
     rule_class = entry.get("class")
-    if rule_class not in RULE_CLASSES:
-        raise _fail(source, where, entry, f"'class' must be one of {list(RULE_CLASSES)}, got {rule_class!r}")
+    if rule_class not in classes:
+        raise _fail(source, where, entry, f"'class' must be one of {list(classes)}, got {rule_class!r}")
     ttl_s = _number(source, where, entry, "ttl_s", positive=True)
     if ttl_s is not None and rule_class != "fast":
         raise _fail(source, where, entry, f"'ttl_s' is only allowed on 'fast' rules, not {rule_class!r}")
@@ -317,6 +320,17 @@ def parse_rule(entry: Any, source: str, index: int) -> Rule:
         raise _fail(source, where, entry, f"'seconds' is only allowed on 'fast'/'slow' rules, not {rule_class!r}")
     if "comment" in entry and not isinstance(entry["comment"], str):
         raise _fail(source, where, entry, "'comment' must be a string")
+    return rule_class, ttl_s, seconds
+
+
+def parse_rule(entry: Any, source: str, index: int) -> Rule:
+    """Validate one entry of a file's ``rules`` list."""
+    where = f"rules[{index}]"
+    _check_keys(source, where, entry, _RULE_KEYS)
+    match = entry.get("match")
+    if not isinstance(match, str) or not match.split():
+        raise _fail(source, where, entry, f"'match' must be a non-empty string, got {match!r}")
+    rule_class, ttl_s, seconds = _check_class(source, where, entry, RULE_CLASSES)
     words = match.split()
     program = parse_simple_command(words[0]).program or words[0]
     return Rule(
@@ -333,25 +347,11 @@ def parse_tool_rule(entry: Any, source: str, index: int) -> Rule:
     """Validate one entry of a file's ``tools`` list (a rule on a tool's
     name: ``words == (name,)``)."""
     where = f"tools[{index}]"
-    if not isinstance(entry, dict):
-        raise _fail(source, where, entry, "must be an object")
-    unknown = sorted(set(entry) - _TOOL_RULE_KEYS)
-    if unknown:
-        raise _fail(source, where, entry, f"unknown key(s) {unknown}; allowed: {sorted(_TOOL_RULE_KEYS)}")
+    _check_keys(source, where, entry, _TOOL_RULE_KEYS)
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip() or len(name.split()) != 1:
         raise _fail(source, where, entry, f"'name' must be one non-empty word, got {name!r}")
-    rule_class = entry.get("class")
-    if rule_class not in TOOL_RULE_CLASSES:
-        raise _fail(source, where, entry, f"'class' must be one of {list(TOOL_RULE_CLASSES)}, got {rule_class!r}")
-    ttl_s = _number(source, where, entry, "ttl_s", positive=True)
-    if ttl_s is not None and rule_class != "fast":
-        raise _fail(source, where, entry, f"'ttl_s' is only allowed on 'fast' rules, not {rule_class!r}")
-    seconds = _number(source, where, entry, "seconds", positive=False)
-    if seconds is not None and rule_class == "abstain":
-        raise _fail(source, where, entry, "'seconds' is only allowed on 'fast'/'slow' rules, not 'abstain'")
-    if "comment" in entry and not isinstance(entry["comment"], str):
-        raise _fail(source, where, entry, "'comment' must be a string")
+    rule_class, ttl_s, seconds = _check_class(source, where, entry, TOOL_RULE_CLASSES)
     return Rule(words=(name.strip(),), rule_class=rule_class, ttl_s=ttl_s, seconds=seconds)
 
 

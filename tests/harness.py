@@ -16,6 +16,7 @@ time the test advanced.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -48,6 +49,19 @@ DEFAULT_MODEL = os.path.join(MODELS_DIR, "smollm2-135m-instruct")
 # Every real engine the tests start computes in this dtype (bf16 only where
 # the CPU has it natively; fp32 elsewhere): comparisons stay like with like.
 ENGINE_DTYPE = serving_dtype()
+
+
+@functools.cache
+def _tiny_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TINY_MODEL)
+
+
+def tiny_tokens(text: str) -> list[int]:
+    """``text`` as the tiny test model's token ids (no special tokens): a
+    scripted reply the scheduler decodes back into that text."""
+    return _tiny_tokenizer().encode(text, add_special_tokens=False)
 
 _ids = itertools.count()
 _hash_ready = False

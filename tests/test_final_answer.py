@@ -11,30 +11,25 @@ model's tokenizer, so the scheduler decodes and parses real text.
 
 from __future__ import annotations
 
-import functools
-
-from harness import TINY_MODEL, free_blocks, make_request, make_scheduler, prompt_of, run_until_finished, scripted
-from harness import usable_blocks
+from harness import (
+    free_blocks,
+    make_request,
+    make_scheduler,
+    prompt_of,
+    run_until_finished,
+    scripted,
+    tiny_tokens,
+    usable_blocks,
+)
 
 BLOCK = 16
 EOS = 2
 TEMPLATE = [3, 1]  # what a chat template adds after a reply before the tool output
 
 
-@functools.cache
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(TINY_MODEL)
-
-
-def tokens(text: str) -> list[int]:
-    return tokenizer().encode(text, add_special_tokens=False)
-
-
-HERMES_CAT = tokens('<tool_call>\n{"name": "bash", "arguments": {"command": "cat main.py"}}\n</tool_call>') + [EOS]
-FINAL_ANSWER_TOOL = tokens('<tool_call>\n{"name": "final_answer", "arguments": {"answer": "42"}}\n</tool_call>') + [EOS]
-PROSE = tokens("The bug is in add(): it subtracts.") + [EOS]
+HERMES_CAT = tiny_tokens('<tool_call>\n{"name": "bash", "arguments": {"command": "cat main.py"}}\n</tool_call>') + [EOS]
+FINAL_ANSWER_TOOL = tiny_tokens('<tool_call>\n{"name": "final_answer", "arguments": {"answer": "42"}}\n</tool_call>') + [EOS]
+PROSE = tiny_tokens("The bug is in add(): it subtracts.") + [EOS]
 
 
 def turn(s, prompt: list[int], reply: list[int], session_id: str | None = None, **kwargs):

@@ -8,12 +8,10 @@ Time is the scheduler's manual clock.
 
 from __future__ import annotations
 
-import functools
 import random
 
 import pytest
 from harness import (
-    TINY_MODEL,
     admitted_cached_tokens,
     free_blocks,
     make_request,
@@ -22,6 +20,7 @@ from harness import (
     run_until_finished,
     scripted,
     step,
+    tiny_tokens,
     usable_blocks,
 )
 from vllm.v1.request import RequestStatus
@@ -32,22 +31,10 @@ BLOCK = 16
 EOS = 2
 TEMPLATE = [3, 1]  # what a chat template adds after a reply before the tool output
 
-
-@functools.cache
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(TINY_MODEL)
-
-
-def tokens(text: str) -> list[int]:
-    return tokenizer().encode(text, add_special_tokens=False)
-
-
-LS = tokens("```bash\nls -la\n```") + [EOS]
-HERMES_CAT = tokens('<tool_call>\n{"name": "bash", "arguments": {"command": "cat main.py"}}\n</tool_call>') + [EOS]
-FINISH = tokens("```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```") + [EOS]
-PROSE = tokens("Done.") + [EOS]
+LS = tiny_tokens("```bash\nls -la\n```") + [EOS]
+HERMES_CAT = tiny_tokens('<tool_call>\n{"name": "bash", "arguments": {"command": "cat main.py"}}\n</tool_call>') + [EOS]
+FINISH = tiny_tokens("```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```") + [EOS]
+PROSE = tiny_tokens("Done.") + [EOS]
 SYSTEM = prompt_of(7, 100)  # every job of one harness shares it (6 full blocks)
 
 
