@@ -164,6 +164,10 @@ class JobState:
     # Tokens of the last finished turn's context (prompt + reply): what a
     # second tier may hold of the job when its next turn arrives.
     last_context_tokens: int = 0
+    # Prefix-cache hit of the job's first turn, in tokens: the context it
+    # shares with earlier traffic (a system prompt). When the job ends, its
+    # blocks past this go first out of the prefix cache (eviction_order).
+    first_hit_tokens: int | None = None
     # Some finished turn of this job called a tool: the job's next reply
     # without one is its final answer (unless the client flags its turns).
     had_tool_call: bool = False

@@ -10,9 +10,14 @@ from what it sees, with no bandwidth constant:
 
 * :class:`TierReloadModel` fits ``seconds = a + b * tokens`` over observed
   loads (tokens loaded, seconds from the step that started the load to the
-  step that found it finished) and keeps the *coverage*: the share of a
-  returning turn's missing prefix that the tier served (a tier that evicts,
-  or stores nothing, covers little, and a rebuild is then mostly prefill);
+  step that found it finished) and keeps the *coverage*: the share of the
+  missing prefix tokens of returning turns that the tier served (a tier that
+  evicts, or stores nothing, covers little, and a rebuild is then mostly
+  prefill). Coverage is weighted by tokens (:class:`TokenCoverage`), not a
+  mean of per-turn shares: most returning turns miss only the few hundred
+  tokens at their tail that no tier (and no pin) holds -- the reply as the
+  client re-rendered it -- and a mean of shares would let those price every
+  dropped 100k-token context as a prefill;
 * :class:`TierLoadTimer` times the loads for it.
 
 Invariants: before ``min_samples`` loads and ``min_samples`` coverage
@@ -24,12 +29,43 @@ reported or the request goes away.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
-from .history import SlidingMean
 from .prefill import PrefillCostModel
 
-__all__ = ["TierLoadTimer", "TierReloadModel"]
+__all__ = ["TierLoadTimer", "TierReloadModel", "TokenCoverage"]
+
+
+class TokenCoverage:
+    """Share of missing tokens a tier supplied, over the last ``window``
+    returning turns: ``sum(loaded) / sum(missing)`` (O(1) per update).
+
+    Invariant: ``0 <= share() <= 1`` (each turn's loaded tokens are clamped
+    to its missing ones)."""
+
+    def __init__(self, window: int = 256) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self._turns: deque[tuple[int, int]] = deque(maxlen=window)
+        self._missing = 0
+        self._loaded = 0
+
+    def add(self, missing_tokens: int, loaded_tokens: int) -> None:
+        loaded = min(max(0, loaded_tokens), missing_tokens)
+        if len(self._turns) == self._turns.maxlen:
+            old_missing, old_loaded = self._turns[0]
+            self._missing -= old_missing
+            self._loaded -= old_loaded
+        self._turns.append((missing_tokens, loaded))
+        self._missing += missing_tokens
+        self._loaded += loaded
+
+    def share(self) -> float:
+        return self._loaded / self._missing if self._missing > 0 else 0.0
+
+    def __len__(self) -> int:
+        return len(self._turns)
 
 
 class TierReloadModel:
@@ -40,7 +76,7 @@ class TierReloadModel:
             raise ValueError(f"min_samples must be >= 1, got {min_samples}")
         # No default slope: until loads are seen, the tier's cost is unknown.
         self.loads = PrefillCostModel(0.0, 0.0, window=window, min_samples=min_samples)
-        self.coverage = SlidingMean(window)
+        self.coverage = TokenCoverage(window)
         self.min_samples = min_samples
 
     def observe_load(self, tokens: int, seconds: float) -> None:
@@ -49,9 +85,8 @@ class TierReloadModel:
     def observe_return(self, missing_tokens: int, loaded_tokens: int) -> None:
         """A returning turn lacked ``missing_tokens`` of its prompt on the
         GPU; the tier supplied ``loaded_tokens`` of them."""
-        if missing_tokens <= 0:
-            return
-        self.coverage.add(min(1.0, max(0, loaded_tokens) / missing_tokens))
+        if missing_tokens > 0:
+            self.coverage.add(missing_tokens, loaded_tokens)
 
     @property
     def ready(self) -> bool:
@@ -63,7 +98,7 @@ class TierReloadModel:
         tier has not been observed enough to say."""
         if not self.ready or tokens <= 0:
             return None
-        covered = self.coverage.mean()
+        covered = self.coverage.share()
         loaded = int(tokens * covered)
         return (self.loads.seconds(loaded) if loaded > 0 else 0.0) + (
             prefill_seconds(tokens - loaded) if loaded < tokens else 0.0

@@ -341,3 +341,36 @@ def test_tier_reload_model_prices_a_dropped_context_by_what_the_tier_served():
     assert model.rebuild_seconds(30_000, prefill.seconds) == pytest.approx(0.15 + 1.5)
     model.observe_return(missing_tokens=0, loaded_tokens=100)  # nothing was missing: no sample
     assert len(model.coverage) == 8
+
+
+def test_tier_coverage_is_weighted_by_tokens_so_tail_misses_do_not_price_a_drop_as_a_prefill() -> None:
+    """Most returning turns miss only a short tail (the reply as the client
+    re-rendered it) that no tier holds; one dropped 100k-token context the
+    tier reloads whole must still price the next drop as a reload."""
+    from vllm_continuum_plugin.estimators.tier_reload import TierReloadModel
+    prefill = PrefillCostModel(1e-4, 0.0)
+    model = TierReloadModel(min_samples=4)
+    for i in range(4):
+        model.observe_load(10_000 * (i + 1), 1e-5 * 10_000 * (i + 1))  # 10x faster than prefill
+    for _ in range(9):
+        model.observe_return(missing_tokens=300, loaded_tokens=0)
+    model.observe_return(missing_tokens=100_000, loaded_tokens=100_000)
+    assert model.coverage.share() == pytest.approx(100_000 / 102_700)
+    rebuild = model.rebuild_seconds(100_000, prefill.seconds)
+    assert rebuild is not None and rebuild < 0.2 * prefill.seconds(100_000)
+    # Loaded tokens beyond what was missing are clamped: the share stays <= 1.
+    model.observe_return(missing_tokens=10, loaded_tokens=1_000)
+    assert model.coverage.share() <= 1.0
+
+
+def test_token_coverage_window_drops_the_oldest_turn() -> None:
+    from vllm_continuum_plugin.estimators.tier_reload import TokenCoverage
+    coverage = TokenCoverage(window=2)
+    assert coverage.share() == 0.0
+    coverage.add(100, 0)
+    coverage.add(100, 100)
+    assert coverage.share() == pytest.approx(0.5)
+    coverage.add(100, 100)  # the (100, 0) turn leaves
+    assert coverage.share() == pytest.approx(1.0) and len(coverage) == 2
+    with pytest.raises(ValueError, match="window"):
+        TokenCoverage(window=0)

@@ -197,7 +197,7 @@ def test_continuum_learns_what_reloading_from_vllms_native_tier_costs(model_dir:
         tier = scheduler.tier.model
         assert tier.ready
         assert scheduler.tier.timed_loads == 0  # every timed load was reported
-        assert tier.coverage.mean() > 0.9  # write-through stores: the tier has what the GPU lost
+        assert tier.coverage.share() > 0.9  # write-through stores: the tier has what the GPU lost
         reload = scheduler.tier.rebuild_seconds(4000)
         assert reload is not None and 0 < reload < scheduler.prefill_cost.seconds(4000)
         # So a waiting request may take an older job's pin: the tier has it.

@@ -11,7 +11,10 @@ block manager and kernels untouched:
   ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, a ``final_answer`` tool),
   a final answer (a reply without a tool call in an implicit job, or in an
   explicit job that called tools before and did not send ``is_last_step``),
-  TTL 0 and disabled prefix caching free as usual.
+  TTL 0 and disabled prefix caching free as usual; a job's last turn
+  (known, not an abort) then puts the job's own blocks first in line for
+  eviction (:func:`~.eviction_order.evict_first`): nobody asks for a
+  finished job's context again.
 * ``schedule`` -- releases expired pins (TTL) before the step, orders
   ``running`` so that vLLM's "preempt running[-1]" picks the latest-arriving
   job not on its last step, takes the new jobs' first turns that the
@@ -57,7 +60,8 @@ out of the waiting queue only inside ``schedule()`` and never longer than
 ``job_priority_window_s`` in all; requests without a job id whose reply
 calls no tool, and every untagged request when ``implicit_jobs`` is off,
 behave exactly as FCFS (the gate never holds them); client metadata always
-wins over an implicit match.
+wins over an implicit match; ending a job never changes which blocks are
+free, only the order in which free cached blocks are evicted.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ from .job_order import JobOrder
 from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata, request_meta, set_request_meta
 from .metrics import EngineMetrics
 from .foreign_tier import ForeignTier
+from .eviction_order import evict_first
 from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
 from .soft_pins import SoftPins
@@ -385,8 +390,11 @@ class ContinuumSchedulerMixin:
             job_id = request_meta(request).job_id
             if job_id is None:
                 continue
+            job = self.jobs.get(job_id)
+            if job is not None and job.turns_finished == 0 and job.first_hit_tokens is None:
+                job.first_hit_tokens = cached
             if self.tier is not None:
-                self.tier.admitted(request, self.jobs.get(job_id))
+                self.tier.admitted(request, job)
             if self.admission is not None:
                 self.admission.on_admitted(job_id, request)
             if self.offload is not None:
@@ -549,6 +557,7 @@ class ContinuumSchedulerMixin:
         job_id = meta.job_id
         assert job_id is not None
         job = self.jobs.on_finish(job_id, self.clock.time(), None, counted=normal)
+        shared_tokens = job.first_hit_tokens if job is not None else None
         if last is not None:
             if normal and job is not None:
                 self.turn_correlation.add_job(job.turns_finished)
@@ -567,7 +576,13 @@ class ContinuumSchedulerMixin:
             self.offload.end_hold(job_id, demote=last is not None)
             if last is not None:
                 self.offload.demote_request(request)
+        if last is None or shared_tokens is None:  # an abort may be retried: LRU as usual
+            super()._free_request_blocks(request)  # type: ignore[misc]
+            return
+        blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks
         super()._free_request_blocks(request)  # type: ignore[misc]
+        moved = evict_first(self.kv_cache_manager.block_pool, blocks, shared_tokens // self.block_size)
+        logger.debug("continuum: job %s ended; %d of its blocks go first out of the prefix cache", job_id, moved)
 
     def _start_implicit_job(self, request: Request, meta: JobMetadata) -> str:
         """An untagged turn that called a tool: from now on it is a job."""
