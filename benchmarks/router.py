@@ -16,7 +16,7 @@ Facts this launcher relies on (vllm-router 0.1.17, measured here):
 * ``cache_aware`` (the router's default) routes by longest shared prefix with
   load balancing; in 0.1.17 its prefix tree is built with one worker, so a
   sequential stream of new conversations all goes to one replica and only
-  load imbalance spreads them (see README "Scaling out").
+  load imbalance spreads them (see docs/scaling-out.md).
 * It opens its port once one worker answers ``/health`` (and counts workers
   it never reached as healthy), so ``start`` first waits for every worker.
   Readiness: ``GET /readiness`` answers 200.

@@ -60,7 +60,7 @@ class OffloadSettings:
             raise ValueError(
                 "ContinuumOffloadConnector: the LMCache 0.3 store backend was removed; run LMCache 0.5 as "
                 "its own server and select vLLM's LMCacheMPConnector (--kv-offloading-backend lmcache), "
-                "see README 'LMCache'")
+                "see docs/offload.md (LMCache)")
         known = {
             "cpu_bytes", "store_mode", "store_backend", "min_load_blocks", "hold_seconds",
             "max_held_fraction", "max_job_held_fraction",

@@ -29,7 +29,7 @@ from vllm_continuum_plugin.estimators.prefill import PrefillCostModel
 from vllm_continuum_plugin.estimators.ttl import TTLContext, make_ttl_policy
 from vllm_continuum_plugin.ranges import DAY_S, Range, field_ranges
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+SETTINGS_DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 CONFIGS: tuple[type, ...] = (ContinuumConfig, ContextServeConfig)
 
 
@@ -252,15 +252,15 @@ def test_fixed_policy_below_the_cap_is_unchanged() -> None:
 
 
 # ----------------------------------------------------------------------
-# README states the enforced ranges
+# docs/configuration.md states the enforced ranges
 # ----------------------------------------------------------------------
 def _interval(r: Range) -> str:
     return r.describe().split(" in ", 1)[1].removesuffix(" or None")
 
 
 @pytest.mark.parametrize("case", CONTINUUM_FIELDS, ids=_id)
-def test_readme_settings_table_states_each_range(case: tuple[type, str, Range]) -> None:
+def test_settings_table_states_each_range(case: tuple[type, str, Range]) -> None:
     _, name, r = case
-    rows = [line for line in README.read_text().splitlines() if line.startswith(f"| `{name}` |")]
-    assert len(rows) == 1, f"README has {len(rows)} rows for {name}"
+    rows = [line for line in SETTINGS_DOC.read_text().splitlines() if line.startswith(f"| `{name}` |")]
+    assert len(rows) == 1, f"docs/configuration.md has {len(rows)} rows for {name}"
     assert re.search(re.escape(_interval(r)), rows[0]), (rows[0], _interval(r))

@@ -4,7 +4,7 @@ Continuum serves an agent's next turn as if it had arrived with the job's
 first turn, so jobs that are mid-task finish before newer ones start. Left
 unbounded, that lets a job id jump the queue forever: a long chat session,
 or a client that reuses one id on purpose, keeps its first arrival for hours
-and its concurrent requests all share it. The rule (README, "Job order"):
+and its concurrent requests all share it. The rule (docs/scheduling.md, "Job order"):
 
 * a job's turns rank by the arrival of its activity period's first turn
   (``JobState.first_arrival``; a turn arriving more than ``job_idle_reset_s``

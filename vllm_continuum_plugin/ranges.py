@@ -3,7 +3,7 @@
 A numeric setting is a dataclass field declared with ``ranged(default,
 Range(...))``; ``check_ranges`` validates every such field of an instance
 against its range. The ranges live next to the fields (one declaration per
-field), so a new setting cannot be added without one, README's tables state
+field), so a new setting cannot be added without one, docs/configuration.md's tables state
 the same bounds, and tests iterate ``field_ranges`` instead of a hand-kept
 list.
 
@@ -77,7 +77,7 @@ class Range:
         return above_lo and below_hi
 
     def describe(self) -> str:
-        """The range as error messages and README state it, e.g.
+        """The range as error messages and docs/configuration.md state it, e.g.
         ``"a finite number in (0, 86400]"`` or ``"an integer in [1, 65536]"``."""
         interval = (
             f"{'(' if self.lo_open else '['}{_number(self.lo)}, "
@@ -88,7 +88,7 @@ class Range:
 
 
 def _number(x: float) -> str:
-    # 86400.0 reads as 86400 and 2**20 as 1048576: the spelling README uses.
+    # 86400.0 reads as 86400 and 2**20 as 1048576: the spelling docs/configuration.md uses.
     return str(int(x)) if float(x).is_integer() else repr(x)
 
 
