@@ -64,12 +64,12 @@ MAX_CALL_BYTES = 8 * 1024
 # Helpers
 
 
-def _best_seconds(parse: Callable[[str], object], *texts: str) -> list[float]:
-    """Best of ``REPEATS`` runs of ``parse(text)`` for each of ``texts``
+def _best_seconds(parse: Callable[[str], object], *texts: str, repeats: int = REPEATS) -> list[float]:
+    """Best of ``repeats`` runs of ``parse(text)`` for each of ``texts``
     (perf_counter seconds). Runs are interleaved, so that a burst of load
     from other processes slows all texts alike rather than one."""
     best = [float("inf")] * len(texts)
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for i, text in enumerate(texts):
             start = time.perf_counter()
             parse(text)
@@ -132,21 +132,46 @@ def _check_attack(name: str, attack: Callable[[int], str], expected_key: str | N
     assert _key(extract_tool_call(_in_tail(attack, BIG))) == expected_key
     assert isinstance(extract_tool_call(attack(BIG)), (ToolCall, type(None)))
 
-    benign, *attacked = _best_seconds(
-        extract_tool_call, _benign_reply(BIG), attack(BIG), _in_tail(attack, BIG)
-    )
-    for label, seconds in zip(("64k", "64k, attack in the parsed tail"), attacked):
-        print(f"\n{name}: extract_tool_call {label}: {seconds * 1e3:.3f} ms (benign {benign * 1e3:.3f} ms)")
-        assert seconds <= MAX_VS_BENIGN * benign + MARGIN_S, (name, label, seconds, benign)
+    def extract_is_linear(repeats: int) -> list[str]:
+        benign, *attacked = _best_seconds(
+            extract_tool_call, _benign_reply(BIG), attack(BIG), _in_tail(attack, BIG), repeats=repeats
+        )
+        failures = []
+        for label, seconds in zip(("64k", "64k, attack in the parsed tail"), attacked):
+            print(f"\n{name}: extract_tool_call {label}: {seconds * 1e3:.3f} ms (benign {benign * 1e3:.3f} ms)")
+            if seconds > MAX_VS_BENIGN * benign + MARGIN_S:
+                failures.append(f"{label}: {seconds:.6f} s vs benign {benign:.6f} s")
+        return failures
 
-    for scanner_name, scan in SCANNERS.items():
-        small, big, benign = _best_seconds(scan, attack(SMALL), attack(BIG), _benign_reply(BIG))
+    def scanner_is_linear(scanner_name: str, scan: Callable[[str], object], repeats: int) -> list[str]:
+        small, big, benign = _best_seconds(scan, attack(SMALL), attack(BIG), _benign_reply(BIG), repeats=repeats)
         print(
             f"{name}: {scanner_name}: 16k {small * 1e3:.3f} ms, 64k {big * 1e3:.3f} ms "
             f"(x{big / max(small, 1e-9):.1f}; benign 64k {benign * 1e3:.3f} ms)"
         )
-        assert big <= MAX_GROWTH * small + MARGIN_S, (name, scanner_name, small, big)
-        assert big <= MAX_VS_BENIGN * benign + MARGIN_S, (name, scanner_name, big, benign)
+        failures = []
+        if big > MAX_GROWTH * small + MARGIN_S:
+            failures.append(f"{scanner_name}: 64k {big:.6f} s vs 16k {small:.6f} s")
+        if big > MAX_VS_BENIGN * benign + MARGIN_S:
+            failures.append(f"{scanner_name}: 64k {big:.6f} s vs benign {benign:.6f} s")
+        return failures
+
+    _linear_or_fail(name, extract_is_linear)
+    for scanner_name, scan in SCANNERS.items():
+        _linear_or_fail(name, lambda repeats, n=scanner_name, f=scan: scanner_is_linear(n, f, repeats))
+
+
+def _linear_or_fail(name: str, measure: Callable[[int], list[str]]) -> None:
+    """Pass when one measurement meets the bounds. A burst of load from
+    other processes can spoil a best-of-5 on a busy 2-core host; measuring
+    again, with more repeats, only sharpens the minimum and never loosens a
+    bound, so a quadratic scan (200-5,000x over the bound) still fails."""
+    failures: list[str] = []
+    for repeats in (REPEATS, 4 * REPEATS, 16 * REPEATS):
+        failures = measure(repeats)
+        if not failures:
+            return
+    raise AssertionError(f"{name}: not linear: {failures}")
 
 
 # --------------------------------------------------------------------------
@@ -315,10 +340,13 @@ def test_a_fenced_command_of_thousands_of_simple_commands_parses_in_linear_time(
 
 
 def test_split_commands_of_a_64k_command_line_is_linear() -> None:
-    for unit in ("a;", "a|", "a\n", " " * 64 + "&&", "||" + " " * 64):
-        small, big = _best_seconds(split_commands, _repeat(unit, SMALL), _repeat(unit, BIG))
+    def linear(unit: str, repeats: int) -> list[str]:
+        small, big = _best_seconds(split_commands, _repeat(unit, SMALL), _repeat(unit, BIG), repeats=repeats)
         print(f"\nsplit_commands {unit!r} x n: 16k {small * 1e3:.3f} ms, 64k {big * 1e3:.3f} ms")
-        assert big <= MAX_GROWTH * small + MARGIN_S, (unit, small, big)
+        return [f"{unit!r}: 64k {big:.6f} s vs 16k {small:.6f} s"] if big > MAX_GROWTH * small + MARGIN_S else []
+
+    for unit in ("a;", "a|", "a\n", " " * 64 + "&&", "||" + " " * 64):
+        _linear_or_fail("split_commands", lambda repeats, u=unit: linear(u, repeats))
 
 
 def _hermes(i: int) -> str:
