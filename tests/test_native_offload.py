@@ -47,9 +47,14 @@ def test_a_lapsed_pin_is_reloaded_from_vllms_offload_store_exactly(server):
     assert wait_for(lambda: server.metric("vllm_continuum:pins_created") >= 1)
     # The tool takes longer than the TTL: the pin lapses, the blocks are free...
     assert wait_for(lambda: server.metric("vllm_continuum:pins_released_total", reason="ttl") >= 1)
-    # ...and other jobs' prompts take the whole 48-block pool.
+    # ...and other traffic's prompts take the whole 48-block pool. (Chat
+    # requests, not ended jobs: an ended job's own blocks are evicted first,
+    # so a flood of one-turn jobs would leave the lapsed context on the GPU.)
     for i in range(4):
-        post_chat(server, f"flood-{i}", [{"role": "user", "content": filler(f"other {i}", 380)}], last=True)
+        r = requests.post(server.url + "/v1/chat/completions", timeout=300, json={
+            "model": "smollm2", "messages": [{"role": "user", "content": filler(f"other {i}", 380)}],
+            "max_tokens": 12, "temperature": 0.0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
     stored = server.metric("vllm:kv_offload_store_bytes")
     assert stored > 0
     external0 = server.metric("vllm:external_prefix_cache_hits_total")
