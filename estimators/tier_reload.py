@@ -29,9 +29,9 @@ reported or the request goes away.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
+from .history import SlidingMean
 from .prefill import PrefillCostModel
 
 __all__ = ["TierLoadTimer", "TierReloadModel", "TokenCoverage"]
@@ -39,33 +39,26 @@ __all__ = ["TierLoadTimer", "TierReloadModel", "TokenCoverage"]
 
 class TokenCoverage:
     """Share of missing tokens a tier supplied, over the last ``window``
-    returning turns: ``sum(loaded) / sum(missing)`` (O(1) per update).
+    returning turns: ``sum(loaded) / sum(missing)``, as the ratio of two
+    sliding means over the same turns (O(1) per update).
 
     Invariant: ``0 <= share() <= 1`` (each turn's loaded tokens are clamped
     to its missing ones)."""
 
     def __init__(self, window: int = 256) -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        self._turns: deque[tuple[int, int]] = deque(maxlen=window)
-        self._missing = 0
-        self._loaded = 0
+        self._missing = SlidingMean(window)
+        self._loaded = SlidingMean(window)
 
     def add(self, missing_tokens: int, loaded_tokens: int) -> None:
-        loaded = min(max(0, loaded_tokens), missing_tokens)
-        if len(self._turns) == self._turns.maxlen:
-            old_missing, old_loaded = self._turns[0]
-            self._missing -= old_missing
-            self._loaded -= old_loaded
-        self._turns.append((missing_tokens, loaded))
-        self._missing += missing_tokens
-        self._loaded += loaded
+        self._missing.add(missing_tokens)
+        self._loaded.add(min(max(0, loaded_tokens), missing_tokens))
 
     def share(self) -> float:
-        return self._loaded / self._missing if self._missing > 0 else 0.0
+        missing = self._missing.mean()
+        return self._loaded.mean() / missing if missing > 0 else 0.0
 
     def __len__(self) -> int:
-        return len(self._turns)
+        return len(self._missing)
 
 
 class TierReloadModel:
