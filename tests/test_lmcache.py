@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import requests
 from harness import DEFAULT_MODEL, all_free, filler, post_chat, serve_args, wait_for
 
 from vllm_continuum_plugin.benchmarks.lmcache_server import LMCacheServer
@@ -76,8 +77,13 @@ def test_pins_cover_the_short_gap_and_lmcache_the_long_one(stack):
     ttl = a.metric("vllm_continuum:pins_released_total", reason="ttl")
     first = chat(a, "long-gap", messages, last=False, expected_tool_seconds=0.3)
     assert wait_for(lambda: a.metric("vllm_continuum:pins_released_total", reason="ttl") >= ttl + 1)
+    # Untagged chat requests, not ended jobs: an ended job's own blocks are
+    # evicted first, so one-turn jobs would leave the lapsed context on the GPU.
     for i in range(3):
-        chat(a, f"flood-{i}", [{"role": "user", "content": filler(f"other {i}", 600)}], last=True)
+        r = requests.post(a.url + "/v1/chat/completions", timeout=300, json={
+            "model": "smollm2", "messages": [{"role": "user", "content": filler(f"other {i}", 600)}],
+            "max_tokens": 12, "temperature": 0.0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
     before = loaded(a)
     second = chat(a, "long-gap", next_turn(messages, first, "out"), last=True)
     assert loaded(a) - before >= (first["usage"]["prompt_tokens"] // CHUNK) * CHUNK >= CHUNK
