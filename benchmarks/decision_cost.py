@@ -18,12 +18,8 @@ import sys
 
 import numpy as np
 
-from vllm_continuum_plugin.estimators.context_predictor import (
-    ContextAwarePredictor,
-    ContextServeConfig,
-    data_path,
-    measure_decision_cost,
-)
+from vllm_continuum_plugin.estimators.context_config import ContextServeConfig, data_path
+from vllm_continuum_plugin.estimators.context_predictor import ContextAwarePredictor, measure_decision_cost
 from vllm_continuum_plugin.estimators.history import ToolDurationHistory
 from vllm_continuum_plugin.estimators.parser import ToolCall, split_commands, tool_key_for_command
 from vllm_continuum_plugin.estimators.prefill import PrefillCostModel

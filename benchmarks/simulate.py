@@ -300,7 +300,7 @@ def _with_settings(arm: Arm, settings: list[str]) -> Arm:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .sim.profiles import PROFILES, write_config_dir
-    from .sim.step_model import make_step_model
+    from .sim.step_model_factory import make_step_model
 
     if args.list_profiles:
         for name, prof in PROFILES.items():

@@ -142,6 +142,7 @@ from .offload_settings import (  # noqa: F401
     STORE_COST_SECONDS,
     STORE_MODES,
     OffloadSettings,
+    SideSpec,
 )
 from .offload_worker import _WorkerSide, block_major_view  # noqa: F401
 
@@ -213,11 +214,12 @@ class ContinuumOffloadConnector(KVConnectorBase_V1):
             self._block_size = int(kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size)
         self._sched: _SchedulerSide | None = None
         self._worker: _WorkerSide | None = None
+        spec = SideSpec(self.settings, self._block_size, self._capacity_bytes, self._enabled)
         if role == KVConnectorRole.SCHEDULER:
             _recompute_failed_loads(vllm_config)
-            self._sched = _SchedulerSide(self, vllm_config, kv_cache_config)
+            self._sched = _SchedulerSide(spec, vllm_config, kv_cache_config, lambda: self._kv_cache_manager)
         else:
-            self._worker = _WorkerSide(self, vllm_config, kv_cache_config)
+            self._worker = _WorkerSide(spec, vllm_config, kv_cache_config)
         logger.info(
             "ContinuumOffloadConnector (%s): store_mode=%s backend=%s budget=%.1f MiB per worker "
             "(%d worker(s)), block_size=%d",

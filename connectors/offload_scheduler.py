@@ -6,8 +6,8 @@ per step, and the job holds the Continuum scheduler asks for (see
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from vllm.v1.core.sched.output import SchedulerOutput
 
@@ -27,6 +27,7 @@ from .offload_settings import (
     LOAD_COST_SECONDS,
     STORE_COST_BLOCKS,
     STORE_COST_SECONDS,
+    SideSpec,
 )
 
 try:
@@ -34,8 +35,6 @@ try:
 except ImportError:  # pragma: no cover
     CacheHitSource = None  # type: ignore[assignment]
 
-if TYPE_CHECKING:
-    from .kv_offload import ContinuumOffloadConnector
 
 logger = logging.getLogger("vllm.continuum_plugin.kv_offload")
 
@@ -45,11 +44,20 @@ __all__ = ["_SchedulerSide"]
 # Scheduler side
 # ----------------------------------------------------------------------
 class _SchedulerSide:
-    def __init__(self, conn: ContinuumOffloadConnector, vllm_config: Any, kv_cache_config: Any) -> None:
-        self.conn = conn
-        self.settings = conn.settings
-        self.mode = conn.settings.store_mode
-        self.block_size = conn._block_size
+    def __init__(
+        self,
+        spec: SideSpec,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        kv_cache_manager: Callable[[], Any] = lambda: None,
+    ) -> None:
+        self.spec = spec
+        # vLLM binds the scheduler's KV cache manager to the connector after
+        # both exist (``bind_kv_cache_manager``): asked for when needed.
+        self._kv_cache_manager = kv_cache_manager
+        self.settings = spec.settings
+        self.mode = spec.settings.store_mode
+        self.block_size = spec.block_size
         hash_block_size = getattr(kv_cache_config, "hash_block_size", None) or self.block_size
         if self.block_size % hash_block_size:
             raise ValueError(
@@ -62,12 +70,12 @@ class _SchedulerSide:
         # server; the scheduler's own (``set_clock``) under Continuum, so a
         # simulation's virtual time decides when holds lapse.
         self.clock: Clock = SYSTEM_CLOCK
-        self.index = CPUStore(conn._capacity_bytes, clock=self._now)
-        if conn._capacity_bytes < self.block_bytes:
+        self.index = CPUStore(spec.capacity_bytes, clock=self._now)
+        if spec.capacity_bytes < self.block_bytes:
             logger.warning(
                 "ContinuumOffloadConnector: cpu_bytes per worker (%d) is below one block (%d "
                 "bytes); nothing will be stored",
-                conn._capacity_bytes,
+                spec.capacity_bytes,
                 self.block_bytes,
             )
         self.block_pool: Any = None
@@ -82,7 +90,7 @@ class _SchedulerSide:
         self.clear_pending = False
         # Holds: job -> (deadline, its keys); keys handed over but not yet
         # in the index get their hold when admitted (build_connector_meta).
-        self.hold_seconds = conn.settings.hold_seconds
+        self.hold_seconds = spec.settings.hold_seconds
         # (Key order: tail first, as handed over; see save_blocks.)
         self.job_holds: dict[str, tuple[float, dict[bytes, None]]] = {}
         self.pending_holds: dict[bytes, float] = {}
@@ -109,7 +117,7 @@ class _SchedulerSide:
     # --- lookups ----------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> int:
         self.requests.setdefault(request.request_id, request)
-        if not self.conn._enabled or num_computed_tokens % self.block_size:
+        if not self.spec.enabled or num_computed_tokens % self.block_size:
             return 0
         keys = self.keys_of(request)
         start = num_computed_tokens // self.block_size
@@ -178,7 +186,7 @@ class _SchedulerSide:
         if self.pending_holds:
             self._apply_pending_holds()
 
-        if self.mode == "eager" and self.conn._enabled:
+        if self.mode == "eager" and self.spec.enabled:
             self._plan_eager_stores(scheduler_output, meta, queued)
         if self.job_holds:
             self._sweep_job_holds()
@@ -232,7 +240,7 @@ class _SchedulerSide:
             ids = block_state.get_block_ids(req_id)
             if ids is not None:
                 return ids[0]
-        manager = self.conn._kv_cache_manager
+        manager = self._kv_cache_manager()
         if manager is not None:
             try:
                 return manager.get_block_ids(req_id)[0]
@@ -273,7 +281,7 @@ class _SchedulerSide:
         self.requests.pop(req_id, None)
         self.last_match.pop(req_id, None)
         done = self.stored_upto.pop(req_id, 0)
-        if not self.conn._enabled or self.mode == "explicit":
+        if not self.spec.enabled or self.mode == "explicit":
             return False
         keys = self.keys_of(request)
         upto = min(request.num_computed_tokens // self.block_size, len(keys), len(block_ids))
@@ -292,7 +300,7 @@ class _SchedulerSide:
         return True
 
     def save_blocks(self, blocks: Iterable[Any], hold_job: str | None = None) -> int:
-        if not self.conn._enabled:
+        if not self.spec.enabled:
             return 0
         blocks = [b for b in blocks if getattr(b, "block_hash", None) is not None
                   and not getattr(b, "is_null", False) and b.block_id > 0]
@@ -331,7 +339,7 @@ class _SchedulerSide:
         """Blocks that may still be held for a job holding ``job_held``:
         within ``max_job_held_fraction`` of the store for the job and
         ``max_held_fraction`` for all jobs (pending holds included)."""
-        settings = self.conn.settings
+        settings = self.settings
         capacity = self.index.capacity_bytes
         block = max(1, self.block_bytes)
         job_room = int(settings.max_job_held_fraction * capacity) // block - len(job_held)
@@ -343,7 +351,7 @@ class _SchedulerSide:
         return self.save_blocks(blocks, hold_job) if blocks else 0
 
     def _request_blocks(self, request: Any) -> list[Any]:
-        manager = self.conn._kv_cache_manager
+        manager = self._kv_cache_manager()
         if manager is None:
             return []
         try:

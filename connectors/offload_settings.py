@@ -17,6 +17,7 @@ __all__ = [
     "STORE_COST_SECONDS",
     "STORE_MODES",
     "OffloadSettings",
+    "SideSpec",
 ]
 
 STORE_MODES = ("eager", "finish", "explicit")
@@ -114,3 +115,25 @@ class OffloadSettings:
             max_held_fraction=max_held,
             max_job_held_fraction=max_job_held,
         )
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    """What the connector's scheduler and worker sides are built from:
+    values the connector settled at start-up, so neither side reads the
+    connector (and no module of the three imports another in a circle).
+
+    Invariants: ``block_size >= 1``; ``capacity_bytes`` is this worker's
+    share of the store (the configured bytes over the world size)."""
+
+    settings: OffloadSettings
+    block_size: int
+    capacity_bytes: int
+    # Prefix caching is on: blocks have hashes to store and find them by.
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0, got {self.capacity_bytes}")

@@ -5,7 +5,7 @@ order of operations within a step)."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -19,10 +19,9 @@ from .offload_settings import (
     LOAD_COST_SECONDS,
     STORE_COST_BLOCKS,
     STORE_COST_SECONDS,
+    SideSpec,
 )
 
-if TYPE_CHECKING:
-    from .kv_offload import ContinuumOffloadConnector
 
 logger = logging.getLogger("vllm.continuum_plugin.kv_offload")
 
@@ -66,8 +65,8 @@ class _WorkerSide:
     hook calls it first.
     """
 
-    def __init__(self, conn: ContinuumOffloadConnector, vllm_config: Any, kv_cache_config: Any) -> None:
-        self.conn = conn
+    def __init__(self, spec: SideSpec, vllm_config: Any, kv_cache_config: Any) -> None:
+        self.spec = spec
         self.kv_cache_config = kv_cache_config
         self.copier: BlockCopier | None = None
         self.block_nbytes = 0
@@ -127,11 +126,11 @@ class _WorkerSide:
             "ContinuumOffloadConnector worker: %d KV tensors, %d bytes per block, device %s, "
             "%s, store capacity %d blocks",
             len(layers), self.block_nbytes, self.device, type(self.copier).__name__,
-            self.conn._capacity_bytes // max(1, self.block_nbytes),
+            self.spec.capacity_bytes // max(1, self.block_nbytes),
         )
 
     def _make_store(self) -> Any:
-        capacity = self.conn._capacity_bytes
+        capacity = self.spec.capacity_bytes
         return CPUStore(capacity, on_evict=self._on_store_evict)
 
     def _on_store_evict(self, key: Any, nbytes: int) -> None:

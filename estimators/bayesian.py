@@ -44,7 +44,19 @@ importable and otherwise from ``student_t_ppf`` (Newton + bisection on the
 regularized incomplete beta function, accurate to ~1e-10). Per-tool TTLs and
 medians are cached until the tool's next observation.
 
-Memory: at most ``max_tools`` tool keys (LRU; least recently used dropped).
+Scopes (``estimators.scopes``): posteriors are kept per client scope and a
+measured duration updates only its own scope's. A scope decides from its own
+posterior once it has ``min_observations`` of the tool; before that, from a
+shared prior when at least ``PRIOR_QUORUM`` other scopes have that many: a
+posterior with the low medians, over those scopes (one vote each), of the
+observation count (capped at ``PRIOR_MAX_OBSERVATIONS``), mean and spread of
+their log durations; otherwise the layer abstains, as it always did. With one
+scope the layer decides exactly as an unscoped one (same posteriors, same
+random draws).
+
+Memory: at most ``max_tools`` tool keys per scope (LRU; least recently used
+dropped), at most ``max_tools`` posteriors over all scopes (least recently
+active scopes dropped past that), at most ``max_scopes`` scopes.
 """
 
 from __future__ import annotations
@@ -55,8 +67,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .context_predictor import ContextServeConfig, Prediction, ToolSpeed, hint_ttl
+from .context_config import ContextServeConfig
 from .parser import ToolCall
+from .prediction import Prediction, ToolSpeed
+from .scopes import DEFAULT_SCOPE, ScopeTable, shared_prior
+from .ttl import hint_ttl
 
 __all__ = [
     "BayesianLayer",
@@ -68,6 +83,9 @@ __all__ = [
 ]
 
 MIN_SECONDS = 1e-3  # log(0) guard: durations are floored at 1 ms
+# Most observations the shared prior counts as: a prior stays a prior, so
+# Thompson sampling keeps exploring a cold scope's own tool times.
+PRIOR_MAX_OBSERVATIONS = 20
 
 
 # ----------------------------------------------------------------------
@@ -318,44 +336,56 @@ class _ToolPosterior:
 
 class BayesianLayer:
     """Layer "bayesian" (see module docstring). O(1) per predict/observe
-    (a dict lookup, two random draws, two erfc; TTL cached per tool)."""
+    (a dict lookup, two random draws, two erfc; TTL cached per tool); a
+    cold scope's prediction adds at most ``MAX_PRIOR_VOTERS`` lookups."""
 
     name = "bayesian"
+    # ContextAwarePredictor passes the request's scope to predict/observe.
+    scoped = True
 
     def __init__(self, config: ContextServeConfig, prior: NIGPrior | None = None,
                  rng: random.Random | None = None) -> None:
         self.config = config
         self.prior = prior or NIGPrior()
         self.rng = rng if rng is not None else random.Random(config.seed)
-        self._tools: OrderedDict[str, _ToolPosterior] = OrderedDict()
+        self._scopes: ScopeTable[OrderedDict[str, _ToolPosterior]] = ScopeTable(
+            OrderedDict, config.max_scopes, max_units=config.max_tools, units=len,
+        )
         self._log_fast = math.log(config.fast_threshold_s)
         self._log_slow = math.log(config.slow_threshold_s)
 
-    def posterior(self, tool_key: str) -> NormalInverseGamma | None:
-        state = self._tools.get(tool_key)
+    def posterior(self, tool_key: str, scope: str = DEFAULT_SCOPE) -> NormalInverseGamma | None:
+        tools = self._scopes.get(scope)
+        state = tools.get(tool_key) if tools is not None else None
         return state.nig if state is not None else None
 
     def __len__(self) -> int:
-        return len(self._tools)
+        """Posteriors held over all scopes."""
+        return self._scopes.total_units
 
-    def observe(self, call: ToolCall, seconds: float) -> None:
+    def observe(self, call: ToolCall, seconds: float, scope: str = DEFAULT_SCOPE) -> None:
         if not math.isfinite(seconds) or seconds < 0:
             return
-        state = self._tools.get(call.tool_key)
+        tools = self._scopes.touch(scope)
+        state = tools.get(call.tool_key)
         if state is None:
-            if len(self._tools) >= self.config.max_tools:
-                self._tools.popitem(last=False)
-            state = self._tools[call.tool_key] = _ToolPosterior(self.prior)
+            if len(tools) >= self.config.max_tools:
+                tools.popitem(last=False)
+            state = tools[call.tool_key] = _ToolPosterior(self.prior)
+            self._scopes.update_units(scope)
         else:
-            self._tools.move_to_end(call.tool_key)
+            tools.move_to_end(call.tool_key)
         state.nig.update(math.log(max(seconds, MIN_SECONDS)))
         state.ttl_s = state.median_s = None
 
-    def predict(self, call: ToolCall) -> Prediction | None:
+    def predict(self, call: ToolCall, scope: str = DEFAULT_SCOPE) -> Prediction | None:
         cfg = self.config
-        state = self._tools.get(call.tool_key)
+        tools = self._scopes.get(scope)
+        state = tools.get(call.tool_key) if tools is not None else None
         if state is None or state.nig.n < cfg.min_observations:
-            return None
+            state = self._shared_prior(call.tool_key, scope)
+            if state is None:
+                return None
         nig = state.nig
         if state.median_s is None:
             state.median_s = math.exp(nig.mu_n)
@@ -373,3 +403,27 @@ class BayesianLayer:
         if p_slow >= cfg.confidence:
             return Prediction(ToolSpeed.SLOW, 0.0, self.name, state.median_s)
         return Prediction(ToolSpeed.UNCERTAIN, 0.0, self.name, state.median_s)
+
+    def _shared_prior(self, tool_key: str, scope: str) -> _ToolPosterior | None:
+        """A posterior for a scope without ``min_observations`` of its own:
+        the low medians of (count, mean, spread) over other scopes that
+        have them, or None below ``PRIOR_QUORUM`` such scopes. Built per
+        call (at most ``MAX_PRIOR_VOTERS`` posteriors read), never stored."""
+        needed = self.config.min_observations
+
+        def knows_tool(tools: OrderedDict[str, _ToolPosterior]) -> bool:
+            state = tools.get(tool_key)
+            return state is not None and state.nig.n >= needed
+
+        voters = [tools[tool_key].nig for _, tools in self._scopes.voters(scope, knows_tool)]
+        n = shared_prior([float(nig.n) for nig in voters])
+        if n is None:
+            return None
+        mean = shared_prior([nig.xbar for nig in voters])
+        spread = shared_prior([nig.m2 / nig.n for nig in voters])
+        assert mean is not None and spread is not None
+        state = _ToolPosterior(self.prior)
+        state.nig.n = min(int(n), PRIOR_MAX_OBSERVATIONS)
+        state.nig.xbar = mean
+        state.nig.m2 = spread * state.nig.n
+        return state

@@ -34,6 +34,11 @@ Invariants of every returned ``Prediction``:
 A layer that raises is logged once and treated as abstaining: a predictor bug
 must never take the engine down. ``predict`` never waits for training.
 
+Scopes (``estimators.scopes``): a layer that learns per client scope sets
+``scoped = True`` (the Bayesian and XGBoost layers); the predictor hands it
+``TTLContext.scope`` and the scope ``observe`` is given, so one client's
+tool times never decide another client's class.
+
 Threading: ``predict``/``observe`` are called from the scheduler thread only;
 the classifier's refits run in a daemon thread and swap the model in with a
 single attribute assignment.
@@ -41,20 +46,18 @@ single attribute assignment.
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from vllm_continuum_plugin.ranges import DAY_S, Range, check_ranges, ranged
-
+from .context_config import ContextServeConfig, data_path
 from .parser import ToolCall
+from .prediction import Prediction, ToolSpeed
+from .scopes import DEFAULT_SCOPE
 from .ttl import hint_ttl, TTLContext, TTLDecision
 
 __all__ = [
@@ -70,105 +73,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-DATA_DIR = Path(__file__).resolve().parent / "data"
-
-
-def data_path(name: str) -> Path:
-    """Path of a file shipped in ``estimators/data/`` (package data)."""
-    return DATA_DIR / name
-
-
-class ToolSpeed(enum.Enum):
-    FAST = "fast"
-    SLOW = "slow"
-    UNCERTAIN = "uncertain"
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """One layer's (or the predictor's final) answer for a tool call.
-
-    Attributes:
-        speed: FAST / SLOW / UNCERTAIN.
-        ttl_s: FAST: the TTL to pin; UNCERTAIN: the fallback's (CDF) TTL,
-            filled in by the predictor (a layer may leave 0.0); SLOW: 0.0.
-        layer: "hint" | "rules" | "bayesian" | "xgboost" | "fallback" (or a
-            custom layer's name).
-        predicted_seconds: the layer's point estimate of the tool duration
-            (for the prediction-error metric), None if it has none.
-    """
-
-    speed: ToolSpeed
-    ttl_s: float
-    layer: str
-    predicted_seconds: float | None = None
-    # True when the layer learned from measured gaps (next arrival minus
-    # finish), which already hold the client's round trip; False when its
-    # estimate is the tool's own run time, and the predictor adds the job's
-    # measured overhead (``TTLContext.round_trip_s``) to its FAST TTL.
-    learned_from_gaps: bool = False
-
-
-@dataclass(frozen=True)
-class ContextServeConfig:
-    """Settings of the ContextServe predictor.
-
-    Invariants after construction (``__post_init__`` raises ``ValueError``
-    naming the field, the value and the allowed range otherwise): every
-    numeric field lies in its declared ``Range`` (finite; an ``int`` field
-    holds an ``int``, never a ``bool``); ``slow_threshold_s >=
-    fast_threshold_s``; a path is None or a non-empty string. The ranges of
-    the settings shared with ``ContinuumConfig`` are the same as there.
-    """
-
-    # A tool is FAST if it likely returns within this many seconds.
-    fast_threshold_s: float = ranged(2.0, Range(0.0, DAY_S, lo_open=True))
-    # SLOW if it likely takes at least this long (between the two: UNCERTAIN).
-    slow_threshold_s: float = ranged(10.0, Range(0.0, DAY_S, lo_open=True))
-    # Probability mass needed to call FAST/SLOW (Bayesian) and the
-    # classifier's probability threshold.
-    confidence: float = ranged(0.8, Range(0.5, 1.0, hi_open=True))
-    # The Bayesian layer abstains for a tool with fewer samples (a million
-    # samples of one tool never come: a larger value only disables the layer).
-    min_observations: int = ranged(3, Range(1, 1_000_000, integer=True))
-    # Upper bound on any TTL (at most a day: a longer pin is a leak).
-    max_ttl_s: float = ranged(60.0, Range(0.0, DAY_S, lo_open=True))
-    # JSON file overriding / adding rules (format: rules.py); None = shipped defaults only.
-    rules_path: str | None = None
-    # Classifier model (xgboost JSON); None = the shipped bootstrap model.
-    xgb_model_path: str | None = None
-    # New labelled samples between background refits of the classifier.
-    refit_every: int = ranged(200, Range(1, 1_000_000, integer=True))
-    # Bounded FIFO training buffer of the classifier (each sample holds at
-    # most 2048 characters of command: a million stay near 2 GiB).
-    max_training_samples: int = ranged(5000, Range(1, 1_000_000, integer=True))
-    # Seed of the Bayesian layer's Thompson sampling (None: from the OS).
-    # Non-negative: random.Random(-s) is random.Random(s).
-    seed: int | None = ranged(0, Range(0, 2**64 - 1, integer=True, allow_none=True))
-    # Tool keys the Bayesian layer keeps posteriors for (LRU).
-    max_tools: int = ranged(4096, Range(1, 2**16, integer=True))
-
-    def __post_init__(self) -> None:
-        # Every numeric field against its declared range, then the one
-        # constraint that relates two fields.
-        check_ranges(self, _fail)
-        _require(self.slow_threshold_s >= self.fast_threshold_s,
-                 "slow_threshold_s", self.slow_threshold_s,
-                 f">= fast_threshold_s ({self.fast_threshold_s!r})")
-        for name in ("rules_path", "xgb_model_path"):
-            value = getattr(self, name)
-            _require(value is None or (isinstance(value, str) and value != ""),
-                     name, value, "None or a non-empty path string")
-
-
-def _require(ok: bool, name: str, value: object, expected: str) -> None:
-    if not ok:
-        _fail(name, value, expected)
-
-
-def _fail(name: str, value: object, expected: str) -> None:
-    raise ValueError(f"ContextServeConfig.{name}={value!r} is invalid; expected {expected}")
 
 
 @runtime_checkable
@@ -186,6 +90,12 @@ class Layer(Protocol):
 
     def observe(self, call: ToolCall, seconds: float) -> None: ...
 
+
+def _is_scoped(layer: Layer) -> bool:
+    """Does ``layer`` learn per client scope? Such a layer sets ``scoped =
+    True`` and takes ``scope=`` in ``predict`` and ``observe``; layers
+    without it (the rules, custom layers) keep the two-argument protocol."""
+    return getattr(layer, "scoped", False) is True
 
 
 def default_layers(config: ContextServeConfig) -> list[Layer]:
@@ -220,6 +130,7 @@ class ContextAwarePredictor:
         # Decisions per layer name (hint, ..., fallback); read by metrics.
         self.decisions: dict[str, int] = {name: 0 for name in ("hint", *names, "fallback")}
         self._failed_layers: set[str] = set()
+        self._scoped: tuple[bool, ...] = tuple(_is_scoped(layer) for layer in self.layers)
 
     # ------------------------------------------------------------------
     def predict(self, call: ToolCall | None, ctx: TTLContext, hint_seconds: float | None = None) -> Prediction:
@@ -228,14 +139,18 @@ class ContextAwarePredictor:
         ``call`` is None when the reply has no parsable tool call (straight
         to the fallback). ``hint_seconds`` is the client's
         ``expected_tool_seconds``; a NaN, infinite or negative hint is
-        ignored. ``ctx`` is only used for the fallback's TTL.
+        ignored. ``ctx`` is used for the fallback's TTL, and its ``scope``
+        selects what scoped layers learned from that client.
         """
         if hint_seconds is not None and math.isfinite(hint_seconds) and hint_seconds >= 0:
             return self._count(self._from_hint(hint_seconds, ctx))
         if call is not None:
-            for layer in self.layers:
+            for layer, scoped in zip(self.layers, self._scoped):
                 try:
-                    prediction = layer.predict(call)
+                    if scoped:
+                        prediction = layer.predict(call, scope=ctx.scope)  # type: ignore[call-arg]
+                    else:
+                        prediction = layer.predict(call)
                 except Exception:
                     self._layer_failed(layer.name, "predict")
                     continue
@@ -243,14 +158,18 @@ class ContextAwarePredictor:
                     return self._count(self._finish(prediction, ctx))
         return self._count(Prediction(ToolSpeed.UNCERTAIN, self._fallback_ttl(ctx), "fallback", None))
 
-    def observe(self, call: ToolCall, seconds: float) -> None:
-        """Feed a measured tool duration to every layer. Invalid durations
-        (negative, NaN, inf: clock skew) are ignored."""
+    def observe(self, call: ToolCall, seconds: float, scope: str = DEFAULT_SCOPE) -> None:
+        """Feed a measured tool duration of a client of ``scope`` to every
+        layer (a scoped layer learns it for that scope only). Invalid
+        durations (negative, NaN, inf: clock skew) are ignored."""
         if not math.isfinite(seconds) or seconds < 0:
             return
-        for layer in self.layers:
+        for layer, scoped in zip(self.layers, self._scoped):
             try:
-                layer.observe(call, seconds)
+                if scoped:
+                    layer.observe(call, seconds, scope=scope)  # type: ignore[call-arg]
+                else:
+                    layer.observe(call, seconds)
             except Exception:
                 self._layer_failed(layer.name, "observe")
 

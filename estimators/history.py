@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .scopes import DEFAULT_SCOPE
+
 __all__ = [
     "JobState",
     "JobTracker",
@@ -102,6 +104,9 @@ class ToolDurationHistory:
         self.max_tools = max_tools
         self._per_tool: OrderedDict[str, _SortedSamples] = OrderedDict()
         self._global = _SortedSamples(max_samples)
+        # Samples held in all (per tool and global): what the history's
+        # memory grows with (``ScopedToolHistory`` bounds it over scopes).
+        self._stored = 0
 
     def record(self, tool_key: str, seconds: float) -> None:
         if not math.isfinite(seconds) or seconds < 0:
@@ -109,12 +114,20 @@ class ToolDurationHistory:
         samples = self._per_tool.get(tool_key)
         if samples is None:
             if len(self._per_tool) >= self.max_tools:
-                self._per_tool.popitem(last=False)
+                _, dropped = self._per_tool.popitem(last=False)
+                self._stored -= len(dropped)
             samples = self._per_tool[tool_key] = _SortedSamples(self.max_samples)
         else:
             self._per_tool.move_to_end(tool_key)
+        before = len(samples) + len(self._global)
         samples.add(seconds)
         self._global.add(seconds)
+        self._stored += len(samples) + len(self._global) - before
+
+    def stored_samples(self) -> int:
+        """Samples held per tool and globally (O(1)): at most
+        ``(max_tools + 1) * max_samples``."""
+        return self._stored
 
     def samples(self, tool_key: str | None = None) -> _SortedSamples | None:
         """The sorted samples of one tool (all tools when key is None)."""
@@ -173,6 +186,9 @@ class JobState:
     had_tool_call: bool = False
     # Recent client-overhead samples (``RoundTripOverhead``), or None.
     overhead_samples: deque[float] | None = None
+    # The client scope that started the job (``estimators.scopes``): its
+    # measured tool times and round trips teach that scope only.
+    scope: str = DEFAULT_SCOPE
 
 
 class JobTracker:
@@ -201,18 +217,22 @@ class JobTracker:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def on_arrival(self, job_id: str, arrival_time: float) -> tuple[JobState, float | None, str | None]:
+    def on_arrival(
+        self, job_id: str, arrival_time: float, scope: str = DEFAULT_SCOPE
+    ) -> tuple[JobState, float | None, str | None]:
         """Register a turn's arrival.
 
         Returns (job state, measured tool seconds or None, tool key or None).
         A tool duration is measured only when the job had a finished turn and
         nothing in flight: overlapping turns of one job are not tool gaps.
+        ``scope`` is the arriving request's client scope; a new job keeps it
+        for good (``JobState.scope``).
         """
         job = self._jobs.get(job_id)
         measured: float | None = None
         tool_key: str | None = None
         if job is None:
-            job = JobState(job_id=job_id, first_arrival=arrival_time)
+            job = JobState(job_id=job_id, first_arrival=arrival_time, scope=scope)
             self._jobs[job_id] = job
             self._evict_if_needed()
         else:

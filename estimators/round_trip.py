@@ -15,12 +15,18 @@ estimated: one sample per measured gap, ``gap - estimated tool seconds``.
   job has ``min_job_samples``, its margin is the largest of them. An agent's
   own overhead is steady, and an expired pin costs a full re-prefill while
   a pin held a little longer costs nothing once the next turn takes it over.
-* Globally (the last ``window`` samples of all jobs): the ``quantile`` of
-  them once there are ``min_global_samples``, for jobs without enough data.
+* Per client scope (the last ``window`` samples of the scope's jobs,
+  ``JobState.scope``): the ``quantile`` of them once there are
+  ``min_global_samples``, for jobs without enough data. With one scope this
+  is the server-wide window it always was.
+* A cold scope: the shared prior (``estimators.scopes``), the low median of
+  the margins of at least ``PRIOR_QUORUM`` other warm scopes, one vote each:
+  one client's round trips never set another's margin.
 * Cold start: ``default_s`` (``is_measured`` tells it apart).
 
 A sample above ``max_sample_s`` is not client overhead but a tool that was
-not fast after all; it is dropped. Memory: ``window`` floats plus
+not fast after all; it is dropped. Memory: ``window`` floats per scope
+(at most ``max_scopes`` scopes, least recently active dropped) plus
 ``job_samples`` per tracked job (jobs are bounded by ``JobTracker``).
 
 TTLs learned from measured gaps (Continuum's CDF rule, the Bayesian layer)
@@ -33,8 +39,20 @@ import math
 from collections import deque
 
 from .history import JobState, _SortedSamples
+from .scopes import DEFAULT_SCOPE, ScopeTable, shared_prior
 
 __all__ = ["RoundTripOverhead"]
+
+
+class _ScopeWindow:
+    """One scope's recent overhead samples and their cached quantile."""
+
+    __slots__ = ("samples", "margin")
+
+    def __init__(self, window: int) -> None:
+        self.samples = _SortedSamples(window)
+        # The quantile changes only when a sample arrives: cached.
+        self.margin: float | None = None
 
 
 class RoundTripOverhead:
@@ -49,6 +67,7 @@ class RoundTripOverhead:
         min_global_samples: int = 20,
         quantile: float = 0.9,
         max_sample_s: float = 10.0,
+        max_scopes: int = 256,
     ) -> None:
         if not (math.isfinite(default_s) and default_s >= 0):
             raise ValueError(f"default_s must be a finite number >= 0, got {default_s!r}")
@@ -66,9 +85,7 @@ class RoundTripOverhead:
         self.min_global_samples = min_global_samples
         self.quantile = quantile
         self.max_sample_s = max_sample_s
-        self._global = _SortedSamples(window)
-        # The global margin changes only when a sample arrives: cached.
-        self._global_margin: float | None = None
+        self._scopes: ScopeTable[_ScopeWindow] = ScopeTable(lambda: _ScopeWindow(window), max_scopes)
 
     def observe(self, job: JobState, gap_s: float, tool_s: float) -> None:
         """A measured ``gap_s`` after a turn whose tool was expected to take
@@ -80,31 +97,52 @@ class RoundTripOverhead:
         if job.overhead_samples is None:
             job.overhead_samples = deque(maxlen=self.job_samples)
         job.overhead_samples.append(sample)
-        self._global.add(sample)
-        self._global_margin = None
+        scope_window = self._scopes.touch(_scope_of(job))
+        scope_window.samples.add(sample)
+        scope_window.margin = None
 
     def margin(self, job: JobState | None) -> float:
         """Seconds a TTL from a tool-duration estimate must add for ``job``."""
         samples = job.overhead_samples if job is not None else None
         if samples is not None and len(samples) >= self.min_job_samples:
             return max(samples)
-        return self.global_margin()
+        return self.global_margin(_scope_of(job))
 
     def is_measured(self, job: JobState | None) -> bool:
-        """Is ``margin(job)`` a measurement (``job``'s own samples, or the
-        server's quantile) rather than ``default_s``? Cold-start TTLs add the
-        margin only then (``TTLContext.round_trip_measured``)."""
+        """Is ``margin(job)`` a measurement (``job``'s own samples, its
+        scope's quantile, or the shared prior) rather than ``default_s``?
+        Cold-start TTLs add the margin only then
+        (``TTLContext.round_trip_measured``)."""
         samples = job.overhead_samples if job is not None else None
         if samples is not None and len(samples) >= self.min_job_samples:
             return True
-        return len(self._global) >= self.min_global_samples
+        return self._scope_margin(_scope_of(job)) is not None
 
-    def global_margin(self) -> float:
-        if self._global_margin is None:
-            n = len(self._global)
-            if n < self.min_global_samples:
-                self._global_margin = self.default_s
-            else:
-                index = min(n - 1, max(0, math.ceil(self.quantile * n) - 1))
-                self._global_margin = float(self._global.as_array()[index])
-        return self._global_margin
+    def global_margin(self, scope: str = DEFAULT_SCOPE) -> float:
+        """The margin of a job of ``scope`` without enough samples of its
+        own: the scope's quantile, else the shared prior, else the default."""
+        margin = self._scope_margin(scope)
+        return self.default_s if margin is None else margin
+
+    def _is_warm(self, scope_window: _ScopeWindow) -> bool:
+        return len(scope_window.samples) >= self.min_global_samples
+
+    def _scope_margin(self, scope: str) -> float | None:
+        """The scope's own quantile when warm, else the shared prior over
+        other warm scopes' quantiles, else None."""
+        own = self._scopes.get(scope)
+        if own is not None and self._is_warm(own):
+            return self._quantile(own)
+        voters = self._scopes.voters(scope, self._is_warm)
+        return shared_prior([self._quantile(w) for _, w in voters]) if voters else None
+
+    def _quantile(self, scope_window: _ScopeWindow) -> float:
+        if scope_window.margin is None:
+            n = len(scope_window.samples)
+            index = min(n - 1, max(0, math.ceil(self.quantile * n) - 1))
+            scope_window.margin = float(scope_window.samples.as_array()[index])
+        return scope_window.margin
+
+
+def _scope_of(job: JobState | None) -> str:
+    return job.scope if job is not None else DEFAULT_SCOPE

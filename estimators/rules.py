@@ -96,9 +96,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .context_predictor import ContextServeConfig, Prediction, ToolSpeed, data_path, hint_ttl
+from .context_config import ContextServeConfig, data_path
 from .features import SimpleCommand, parse_duration, parse_simple_command
 from .parser import CODE_TOOL, ToolCall
+from .prediction import Prediction, ToolSpeed
+from .ttl import hint_ttl
 
 __all__ = [
     "DEFAULT_RULES_FILE",

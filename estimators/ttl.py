@@ -38,11 +38,18 @@ way the moment memory is needed). ``hold_price`` 1 is the paper's rule.
 (unknown tools count as fast), otherwise do not pin.
 
 Both return a ``TTLDecision``; the result is clamped to [0, ``max_ttl_s``].
+
+Scopes: the scheduler keeps one history per client scope
+(``ScopedToolHistory``) and asks a ``ScopedTTLPolicy``, which runs the rule
+above on the asking scope's own samples, or, while that scope is cold, on a
+robust prior over other scopes (``estimators.scopes``); with one scope
+every TTL is the unscoped rule's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,11 +57,14 @@ import numpy as np
 
 from .history import ToolDurationHistory
 from .prefill import PrefillCostModel
+from .scopes import DEFAULT_SCOPE, ScopeTable, shared_prior
 
 __all__ = [
     "CDFTTLPolicy",
     "FixedTTLPolicy",
     "PricedTTLPolicy",
+    "ScopedToolHistory",
+    "ScopedTTLPolicy",
     "TTLContext",
     "TTLDecision",
     "TTLPolicy",
@@ -86,6 +96,9 @@ class TTLContext:
     # the pin's share of the pool times how full the pool is (``priced``
     # reads it; 1.0, the paper's charge, otherwise).
     hold_price: float = 1.0
+    # The client scope the turn came from (``estimators.scopes``): a
+    # ``ScopedTTLPolicy`` decides from that scope's own samples first.
+    scope: str = DEFAULT_SCOPE
 
 
 @dataclass(frozen=True)
@@ -129,7 +142,9 @@ class CDFTTLPolicy:
         self.cold_start_samples = cold_start_samples
         # One cache per sample set (tool key, or None for the global pool);
         # bounded like the history's tool keys (stale ones are replaced).
+        # ``ScopedTTLPolicy`` lowers the bound to share it among scopes.
         self._caches: dict[str | None, _DecisionCache] = {}
+        self.max_caches = 2 * history.max_tools + 2
 
     def decide(self, ctx: TTLContext) -> TTLDecision:
         history = self.history
@@ -145,7 +160,7 @@ class CDFTTLPolicy:
         benefit = self._benefit(ctx.queueing_delay_s * ctx.eta + rebuild, ctx)
         cache = self._caches.get(key)
         if cache is None or cache.version != samples.version:
-            if cache is None and len(self._caches) >= 2 * self.history.max_tools + 2:
+            if cache is None and len(self._caches) >= self.max_caches:
                 self._caches.clear()  # tool keys the history dropped
             cache = self._caches[key] = _DecisionCache(samples.version)
         return TTLDecision(cache.answer(samples.as_array(), benefit, self.max_ttl_s), source)
@@ -316,9 +331,134 @@ class FixedTTLPolicy:
         return TTLDecision(self.fixed_ttl_s, "fixed")
 
 
+# Decision caches (sample sets) each scope keeps at least (see ScopedTTLPolicy).
+MIN_SCOPE_CACHES = 8
+
+
+class ScopedToolHistory:
+    """Measured tool durations, one ``ToolDurationHistory`` per client scope
+    (see ``estimators.scopes``).
+
+    Invariants: a sample teaches only the scope it is recorded under; each
+    scope's history is bounded like an unscoped one (``max_samples`` per
+    tool key and globally, ``max_tools`` keys); at most ``max_scopes``
+    scopes are kept, and the samples held over all scopes exceed the
+    unscoped bound ``(max_tools + 1) * max_samples`` only while one scope
+    alone holds more (least recently active scopes are dropped first).
+    """
+
+    def __init__(self, max_samples: int = 4096, max_tools: int = 1024, max_scopes: int = 256) -> None:
+        # Validates max_samples and max_tools with the unscoped errors.
+        ToolDurationHistory(max_samples, max_tools)
+        self.max_samples = max_samples
+        self.max_tools = max_tools
+        self._scopes: ScopeTable[ToolDurationHistory] = ScopeTable(
+            lambda: ToolDurationHistory(max_samples, max_tools),
+            max_scopes,
+            max_units=(max_tools + 1) * max_samples,
+            units=ToolDurationHistory.stored_samples,
+        )
+
+    @property
+    def max_scopes(self) -> int:
+        return self._scopes.max_scopes
+
+    @property
+    def scopes(self) -> ScopeTable[ToolDurationHistory]:
+        return self._scopes
+
+    def record(self, tool_key: str, seconds: float, scope: str = DEFAULT_SCOPE) -> None:
+        if not math.isfinite(seconds) or seconds < 0:
+            return  # clock skew: no sample, and no scope created for it
+        self._scopes.touch(scope).record(tool_key, seconds)
+        self._scopes.update_units(scope)
+
+    def get(self, scope: str = DEFAULT_SCOPE) -> ToolDurationHistory | None:
+        """The scope's own history, or None when it has recorded nothing
+        (or was dropped)."""
+        return self._scopes.get(scope)
+
+    def num_samples(self, tool_key: str | None = None, scope: str = DEFAULT_SCOPE) -> int:
+        history = self._scopes.get(scope)
+        return history.num_samples(tool_key) if history is not None else 0
+
+    def stored_samples(self) -> int:
+        """Samples held over all scopes."""
+        return self._scopes.total_units
+
+
+class ScopedTTLPolicy:
+    """A TTL policy per client scope, with a shared prior (see
+    ``estimators.scopes``).
+
+    ``decide(ctx)`` for ``ctx.scope``:
+
+    1. the scope is warm (its own history holds ``cold_start_samples``): its
+       own policy on its own samples -- the unscoped rule, unchanged;
+    2. else, when ``PRIOR_QUORUM`` other warm scopes exist: the low median of
+       their own policies' TTLs for the same context (``shared_prior``; one
+       vote per scope, source ``"prior"``);
+    3. else the scope's own policy (its cold start: ``default_ttl_s`` plus a
+       measured round trip for the CDF rules).
+
+    With one scope, step 2 never applies: every TTL is the unscoped one.
+    Cost: step 1 is one cached decision; step 2 at most ``MAX_PRIOR_VOTERS``
+    of them, each answered from its scope's decision cache while that
+    scope's samples are unchanged. The decision caches of all scopes share
+    the unscoped bound (``2 * max_tools + 2`` sample sets), at least
+    ``MIN_SCOPE_CACHES`` per scope: caches change what a decision costs,
+    never what it answers.
+    """
+
+    def __init__(
+        self,
+        history: ScopedToolHistory,
+        make_policy: Callable[[ToolDurationHistory], TTLPolicy],
+        cold_start_samples: int,
+    ) -> None:
+        self.history = history
+        self.cold_start_samples = cold_start_samples
+        self._make_policy = make_policy
+        # Per scope: the policy bound to that scope's current history.
+        self._policies: dict[str, TTLPolicy] = {}
+        # A scope that has recorded nothing decides on an empty history.
+        self._cold = make_policy(ToolDurationHistory(1, 1))
+        self.name = self._cold.name
+        self._cache_budget = 2 * history.max_tools + 2
+
+    def is_warm(self, history: ToolDurationHistory) -> bool:
+        return history.num_samples() >= self.cold_start_samples
+
+    def decide(self, ctx: TTLContext) -> TTLDecision:
+        own = self.history.get(ctx.scope)
+        if own is not None and self.is_warm(own):
+            return self._policy(ctx.scope, own).decide(ctx)
+        voters = self.history.scopes.voters(ctx.scope, self.is_warm)
+        if voters:
+            prior = shared_prior([self._policy(scope, h).decide(ctx).ttl_s for scope, h in voters])
+            if prior is not None:
+                return TTLDecision(prior, "prior")
+        if own is None:
+            return self._cold.decide(ctx)
+        return self._policy(ctx.scope, own).decide(ctx)
+
+    def _policy(self, scope: str, history: ToolDurationHistory) -> TTLPolicy:
+        policy = self._policies.get(scope)
+        if policy is None or getattr(policy, "history", None) is not history:
+            # New scope, or a scope dropped and created again: a fresh policy
+            # (its decision caches belong to the old samples).
+            if len(self._policies) >= 2 * self.history.max_scopes:
+                live = self.history.scopes
+                self._policies = {name: p for name, p in self._policies.items() if name in live}
+            policy = self._policies[scope] = self._make_policy(history)
+        if hasattr(policy, "max_caches"):
+            policy.max_caches = max(MIN_SCOPE_CACHES, self._cache_budget // max(1, len(self.history.scopes)))
+        return policy
+
+
 def make_ttl_policy(
     name: str,
-    history: ToolDurationHistory,
+    history: ToolDurationHistory | ScopedToolHistory,
     prefill: PrefillCostModel,
     *,
     default_ttl_s: float,
@@ -326,6 +466,19 @@ def make_ttl_policy(
     fixed_ttl_s: float,
     cold_start_samples: int,
 ) -> TTLPolicy:
+    """The policy ``name`` over ``history``; over a ``ScopedToolHistory``,
+    that policy per scope with the shared prior (``ScopedTTLPolicy``)."""
+    if isinstance(history, ScopedToolHistory):
+        if name not in ("priced", "cdf", "fixed"):
+            raise ValueError(f"unknown ttl_policy {name!r}; expected 'priced', 'cdf' or 'fixed'")
+
+        def per_scope(scope_history: ToolDurationHistory) -> TTLPolicy:
+            return make_ttl_policy(
+                name, scope_history, prefill, default_ttl_s=default_ttl_s, max_ttl_s=max_ttl_s,
+                fixed_ttl_s=fixed_ttl_s, cold_start_samples=cold_start_samples,
+            )
+
+        return ScopedTTLPolicy(history, per_scope, cold_start_samples)
     if name == "priced":
         return PricedTTLPolicy(history, prefill, default_ttl_s, max_ttl_s, cold_start_samples)
     if name == "cdf":

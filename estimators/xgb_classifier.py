@@ -30,7 +30,14 @@ are cached per command text (bounded), so an agent re-running a command pays
 a dict lookup. The cache belongs to the model and is swapped with it.
 
 Online learning (``XGBoostLayer.observe``): each (command, seconds) goes into
-a FIFO buffer of ``max_training_samples``; every ``refit_every`` new samples a
+a buffer of ``max_training_samples`` that client scopes share fairly
+(``scopes.FairShareBuffer``: when it is full, the scope holding the most
+samples loses its oldest, so a client that floods it pushes out only its own
+samples once it holds its share; with one scope it is a plain FIFO). The
+model itself is shared: a scope's pull on it is bounded by its share of the
+buffer next to the bootstrap dataset, not by a median (docs/scoped-learning.md
+states this limit; a scope's own Bayesian posterior decides before the
+classifier once it has ``min_observations``). Every ``refit_every`` new samples a
 daemon thread (``BackgroundRefitter``) featurises the bootstrap dataset plus
 the buffer, fits a new model and swaps it in with one attribute assignment.
 ``predict`` never takes a lock and never waits for a fit; a fit that fails is
@@ -53,7 +60,6 @@ import json
 import logging
 import math
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,9 +67,12 @@ from typing import Any
 
 import numpy as np
 
-from .context_predictor import ContextServeConfig, Prediction, ToolSpeed, data_path, hint_ttl
+from .context_config import ContextServeConfig, data_path
 from .features import FEATURE_NAMES, FEATURES_VERSION, extract_features_from_command
 from .parser import ToolCall, split_commands
+from .prediction import Prediction, ToolSpeed
+from .scopes import DEFAULT_SCOPE, FairShareBuffer
+from .ttl import hint_ttl
 from .xgb_forest import compile_booster
 
 __all__ = [
@@ -430,6 +439,8 @@ class XGBoostLayer:
     """
 
     name = "xgboost"
+    # Takes the client scope in observe (its share of the buffer) and predict.
+    scoped = True
 
     def __init__(
         self,
@@ -441,7 +452,7 @@ class XGBoostLayer:
         self.config = config
         self.bootstrap = list(bootstrap)
         self._trainer: Trainer = trainer or self.train
-        self._buffer: deque[Sample] = deque(maxlen=config.max_training_samples)
+        self._buffer: FairShareBuffer[Sample] = FairShareBuffer(config.max_training_samples, config.max_scopes)
         self._new_samples = 0
         self._bootstrap_matrix: tuple[np.ndarray, np.ndarray] | None = None
         self.refitter = BackgroundRefitter()
@@ -493,7 +504,8 @@ class XGBoostLayer:
                 and math.isclose(meta.slow_threshold_s, self.config.slow_threshold_s, rel_tol=1e-9))
 
     # -- Layer -------------------------------------------------------------
-    def predict(self, call: ToolCall) -> Prediction | None:
+    def predict(self, call: ToolCall, scope: str = DEFAULT_SCOPE) -> Prediction | None:
+        """The shared model's class for ``call`` (``scope`` does not change it)."""
         model = self.model
         if model is None:
             return None
@@ -509,13 +521,13 @@ class XGBoostLayer:
             return Prediction(speed, ttl, self.name, median)
         return Prediction(speed, 0.0, self.name, median)
 
-    def observe(self, call: ToolCall, seconds: float) -> None:
+    def observe(self, call: ToolCall, seconds: float, scope: str = DEFAULT_SCOPE) -> None:
         if not math.isfinite(seconds) or seconds < 0:
             return
-        self._buffer.append((call.command, call.commands, float(seconds)))
+        self._buffer.append(scope, (call.command, call.commands, float(seconds)))
         self._new_samples += 1
         if self._new_samples >= self.config.refit_every and not self.refitter.busy:
-            self._start_refit(list(self._buffer))
+            self._start_refit(self._buffer.snapshot())
 
     def close(self) -> None:
         self.refitter.close()

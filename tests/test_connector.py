@@ -260,10 +260,8 @@ class _FakeKVCacheConfig:
         self.kv_cache_groups = [_FakeGroup(_FakeSpec(page_size_bytes), list(layer_names))]
 
 
-class _FakeConn:
-    def __init__(self, capacity_bytes: int) -> None:
-        self.settings = kv_offload.OffloadSettings()
-        self._capacity_bytes = capacity_bytes
+def _worker_spec(capacity_bytes: int) -> kv_offload.SideSpec:
+    return kv_offload.SideSpec(kv_offload.OffloadSettings(), block_size=32, capacity_bytes=capacity_bytes)
 
 
 def _layouts(nb: int):
@@ -292,7 +290,7 @@ def test_worker_copies_whole_blocks_in_any_layout(layout):
     name, caches = list(_layouts(nb))[layout]
     page = 2 * 32 * 16 * 2  # bytes of one layer's block (bf16)
     cfg = _FakeKVCacheConfig(nb, page, caches)
-    worker = kv_offload._WorkerSide(_FakeConn(10 * 2 * (page + 16)), None, cfg)
+    worker = kv_offload._WorkerSide(_worker_spec(10 * 2 * (page + 16)), None, cfg)
     worker.register_kv_caches(caches)
     assert worker.block_nbytes == 2 * page
     views = {k: kv_offload.block_major_view(v, nb) for k, v in caches.items()}
@@ -339,13 +337,11 @@ class _Manager:
         return _BlocksOf(self.blocks_by_req[req_id])
 
 
-class _FakeSchedConn:
-    def __init__(self, manager, hold_seconds: float = 300.0) -> None:
-        self.settings = kv_offload.OffloadSettings(hold_seconds=hold_seconds)
-        self._capacity_bytes = 100
-        self._block_size = 32
-        self._enabled = True
-        self._kv_cache_manager = manager
+def _scheduler_side(manager, hold_seconds: float = 300.0, capacity_bytes: int = 100):
+    """The connector's scheduler side on a 32-token block, a store of
+    ``capacity_bytes`` and ``manager`` as the bound KV cache manager."""
+    spec = kv_offload.SideSpec(kv_offload.OffloadSettings(hold_seconds=hold_seconds), 32, capacity_bytes)
+    return kv_offload._SchedulerSide(spec, None, None, lambda: manager)
 
 
 class _Req:
@@ -361,9 +357,7 @@ def test_job_holds_end_at_the_next_turn_and_a_finished_job_goes_first():
     shared, own1, own2, other = (
         _Block("system", 1, ref_cnt=2), _Block("job-a-1", 2), _Block("job-a-2", 3), _Block("other", 4)
     )
-    side = kv_offload._SchedulerSide(
-        _FakeSchedConn(_Manager({"turn-2": [shared, own1, own2]})), None, None
-    )
+    side = _scheduler_side(_Manager({"turn-2": [shared, own1, own2]}))
     index = side.index
     for b in (shared, own1, own2, other):
         index.put(b.key, None, nbytes=1)
@@ -387,7 +381,7 @@ def test_holds_are_capped_per_job_and_in_all():
     """A client claiming hour-long tools on every turn cannot take the
     store: a job's holds stop at max_job_held_fraction (its chain's head is
     what stays held), all jobs' at max_held_fraction."""
-    side = kv_offload._SchedulerSide(_FakeSchedConn(_Manager({})), None, None)  # 100 one-byte blocks
+    side = _scheduler_side(_Manager({}))  # 100 one-byte blocks
     index = side.index
     chains = {job: [_Block(f"{job}-{i}", 10 + 40 * n + i) for i in range(40)] for n, job in enumerate("abc")}
     for job, blocks in chains.items():
@@ -405,7 +399,7 @@ def test_blocks_not_yet_stored_are_held_once_admitted():
     from types import SimpleNamespace
 
     block = _Block("job-b-1", 5)
-    side = kv_offload._SchedulerSide(_FakeSchedConn(_Manager({})), None, None)
+    side = _scheduler_side(_Manager({}))
     assert side.save_blocks([block], hold_job="job-b") == 1  # queued for a pre-forward copy
     assert block.key in side.pending_holds
     side.mode = "explicit"  # no eager planning: only the handed-over block
@@ -424,9 +418,7 @@ def test_the_store_evicts_a_prefix_chain_from_its_tail():
 
     keys = [_Block(f"chain-{i}", i + 1) for i in range(3)]
     manager = SimpleNamespace(get_block_ids=lambda req_id: [[1, 2, 3]])
-    conn = _FakeSchedConn(manager)
-    conn._capacity_bytes = 3  # three 1-byte entries
-    side = kv_offload._SchedulerSide(conn, None, None)
+    side = _scheduler_side(manager, capacity_bytes=3)  # three 1-byte entries
     request = SimpleNamespace(
         request_id="r", num_computed_tokens=0, num_tokens=100,
         block_hashes=[b.key for b in keys],  # already group-free BlockHashes

@@ -582,7 +582,13 @@ def test_an_old_sequential_job_loses_its_head_start_after_the_priority_window():
     s = make_scheduler(num_blocks=256, max_num_seqs=1)
     fresh = []
     served_turns = 0
-    r = make_request(prompt_of(900, 40), job_id="loop", is_last_step=False)
+
+    def loop_prompt(turn: int) -> list[int]:
+        # Every turn continues the loop's context (its first two blocks), as
+        # a real agent's does: only such a request acts on the job.
+        return prompt_of(900, 32) + [(turn * 13 + i) % 900 + 10 for i in range(8)]
+
+    r = make_request(loop_prompt(0), job_id="loop", is_last_step=False)
     s.add_request(r)
     step(s)  # the loop's first turn is running
     fresh = [make_request(prompt_of(i, 40), job_id=f"fresh{i}", is_last_step=True) for i in range(50)]
@@ -595,7 +601,7 @@ def test_an_old_sequential_job_loses_its_head_start_after_the_priority_window():
         if turn_when_fresh_done is None and all(f.is_finished() for f in fresh):
             turn_when_fresh_done = served_turns
         s.clock.advance(2.0)
-        r = make_request(prompt_of(900 + served_turns, 40), job_id="loop", is_last_step=served_turns == 499)
+        r = make_request(loop_prompt(served_turns), job_id="loop", is_last_step=served_turns == 499)
         s.add_request(r)
     _drain(s, [r, *fresh])
     # Turns within the window (the first ~300) keep the job ahead; after

@@ -32,10 +32,10 @@ from vllm_continuum_plugin.benchmarks.sim.step_model import (
     RooflineConstants,
     RooflineStepModel,
     StepModel,
-    make_step_model,
     nnls,
     pcie_transfer_seconds,
 )
+from vllm_continuum_plugin.benchmarks.sim.step_model_factory import make_step_model
 
 P8 = PROFILES["h100-llama8b"]
 P70 = PROFILES["h100-llama70b-tp4"]

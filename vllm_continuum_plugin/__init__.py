@@ -6,6 +6,7 @@ scheduler and vLLM-facing modules load only when vLLM asks for them.
 """
 
 from ._version import SUPPORTED_RANGE_TEXT, __version__
-from .registration import PLUGIN_POLICIES, register
+from .policies import PLUGIN_POLICIES
+from .registration import register
 
 __all__ = ["PLUGIN_POLICIES", "SUPPORTED_RANGE_TEXT", "__version__", "register"]

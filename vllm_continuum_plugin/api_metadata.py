@@ -17,6 +17,16 @@ request -- reads ``X-Session-ID``): when vLLM finds no session id and no
 (``session_ids``); ``patch_anthropic_messages`` carries ``metadata.user_id``
 over to the converted chat request, which would otherwise drop it.
 
+The same ``_get_session_id`` wrapper, the one hook that sees the HTTP request
+(``raw_request``) of every generate endpoint, also settles the request's
+client scope (``estimators.scopes``, docs/scoped-learning.md) and writes it
+into ``SamplingParams.extra_args`` (which ``to_sampling_params`` made just
+before and left on the request): on a server with API keys the hash of the
+verified ``Authorization: Bearer`` key (``metadata.key_scope``; it overrides
+any name the client sends), else the ``continuum_scope`` field, else the
+``X-Continuum-Scope`` header, else the default scope. A bad name is an HTTP
+400 naming its source.
+
 The protocol modules are heavy and only the API server needs them, so the
 patch is applied by a post-import hook (see ``registration``), never by
 importing them from ``register()``.
@@ -26,16 +36,30 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
-from .metadata import JOB_ID, METADATA_FIELDS, MetadataError, parse_job_id, parse_metadata
+from .estimators.scopes import DEFAULT_SCOPE
+from .metadata import (
+    JOB_ID,
+    METADATA_FIELDS,
+    SCOPE,
+    SCOPE_HEADER,
+    MetadataError,
+    is_key_scope,
+    key_scope,
+    parse_job_id,
+    parse_metadata,
+    parse_scope,
+)
 from .session_ids import client_session_id
 
 logger = logging.getLogger("vllm.continuum_plugin")
 
 __all__ = [
     "PATCHED_ATTR",
+    "client_scope",
     "patch_anthropic_messages",
     "patch_request_class",
     "patch_session_lookup",
@@ -47,6 +71,9 @@ PATCHED_ATTR = "_continuum_patched"
 # request's metadata.user_id (an instance attribute outside the pydantic
 # fields: never serialised, never sent to the engine).
 _USER_ID_ATTR = "_continuum_user_id"
+# Where ``to_sampling_params`` leaves the SamplingParams it made (same kind
+# of attribute), for ``_get_session_id`` to write the client scope into.
+_PARAMS_ATTR = "_continuum_params"
 
 
 def _validation_error(error: MetadataError) -> Exception:
@@ -78,6 +105,8 @@ def patch_request_class(cls: type) -> None:
                 parse_metadata(extra_args, getattr(self, "session_id", None))
             except MetadataError as e:
                 raise _validation_error(e) from None
+        # Outside the pydantic fields: never dumped, never sent anywhere.
+        object.__setattr__(self, _PARAMS_ATTR, params)
         return params
 
     setattr(to_sampling_params, PATCHED_ATTR, True)
@@ -107,6 +136,10 @@ def patch_session_lookup(cls: type) -> None:
     @functools.wraps(lookup)
     def _get_session_id(request: Any, raw_request: Any) -> Any:
         value = lookup(request, raw_request)
+        try:
+            _set_client_scope(request, raw_request)
+        except MetadataError as e:
+            raise _validation_error(e) from None
         if _names_job_id(request):
             return value  # the plugin's own field wins; vLLM's value is only a tag
         try:
@@ -134,6 +167,58 @@ def _client_session_id(request: Any, raw_request: Any) -> str | None:
     return client_session_id(header, names, getattr(request, _USER_ID_ATTR, None))
 
 
+def _set_client_scope(request: Any, raw_request: Any) -> None:
+    """Write the request's client scope into the ``extra_args`` of the
+    SamplingParams its ``to_sampling_params`` made (module doc); nothing
+    on a server that does not run a plugin policy, or when no such params
+    were made (beam search)."""
+    params = getattr(request, _PARAMS_ATTR, None)
+    if params is None or session_headers_for(raw_request) is None:
+        return
+    extra_args = getattr(params, "extra_args", None) or {}
+    scope = client_scope(raw_request, extra_args.get(SCOPE))
+    if scope != DEFAULT_SCOPE:
+        params.extra_args = {**extra_args, SCOPE: scope}
+    elif SCOPE in extra_args:
+        params.extra_args = {k: v for k, v in extra_args.items() if k != SCOPE} or None
+
+
+def client_scope(raw_request: Any, named: Any) -> str:
+    """The client scope of a request: its verified API key's
+    (``metadata.key_scope``) when the server has API keys, else the scope
+    ``named`` in the body (``continuum_scope``), else the
+    ``X-Continuum-Scope`` header's, else ``DEFAULT_SCOPE``. Raises
+    ``MetadataError`` naming the source of a bad name; a client may not
+    name a key's scope."""
+    headers = getattr(raw_request, "headers", None)  # Starlette's: case-insensitive
+    if _server_has_api_keys(raw_request) and headers is not None:
+        scheme, _, token = (headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and token:
+            # vLLM's AuthenticationMiddleware let the request through: the
+            # key is one of the server's, so it names the client.
+            return key_scope(token)
+    for value, source in ((named, SCOPE), (headers.get(SCOPE_HEADER) if headers is not None else None,
+                                             f"{SCOPE_HEADER} header")):
+        if value is None:
+            continue
+        if isinstance(value, str) and is_key_scope(value):
+            raise MetadataError(source, "<reserved>", "a scope name (a key's scope is the server's to set)")
+        scope = parse_scope(value, source)
+        if scope != DEFAULT_SCOPE:
+            return scope
+    return DEFAULT_SCOPE
+
+
+def _server_has_api_keys(raw_request: Any) -> bool:
+    """Was the server started with API keys (``--api-key`` or
+    ``VLLM_API_KEY``, as vLLM's middleware reads them)?"""
+    args = getattr(getattr(getattr(raw_request, "app", None), "state", None), "args", None)
+    keys = getattr(args, "api_key", None)
+    if isinstance(keys, str):
+        keys = [keys]
+    return any(keys or ()) or bool(os.environ.get("VLLM_API_KEY"))
+
+
 # (vllm_config, its session header names): one server has one config.
 _headers_cache: tuple[Any, tuple[str, ...] | None] | None = None
 
@@ -156,7 +241,7 @@ def session_headers_for(raw_request: Any) -> tuple[str, ...] | None:
 
 def _load_session_headers(vllm_config: Any) -> tuple[str, ...] | None:
     from .config import load_config
-    from .registration import PLUGIN_POLICIES
+    from .policies import PLUGIN_POLICIES
 
     if vllm_config is not None and not _runs_plugin(vllm_config, PLUGIN_POLICIES):
         return None

@@ -11,7 +11,7 @@ absurd values (a TTL of 1e308 s, 10**12 jobs) stop startup with an error
 naming the setting, the value, where it came from and the allowed range.
 Durations are at most a day (``DAY_S``); table sizes and counts have caps
 whose reasons (memory, work per decision) the field comments give.
-README's configuration table states each range.
+docs/configuration.md's settings table states each range.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ DEFAULT_FINISH_ACTIONS = (
 class ContinuumConfig:
     """Settings of the ``continuum`` and ``context_serve`` policies.
 
-    Each field's comment is what README's configuration table repeats.
+    Each field's comment is what docs/configuration.md's settings table repeats.
 
     Invariants after construction (``__post_init__`` raises ``ValueError``
     naming the field, the value and the allowed range otherwise): every
@@ -99,6 +99,12 @@ class ContinuumConfig:
     history_max_tools: int = ranged(1024, Range(1, 2**16, integer=True))
     # Jobs tracked (least recently used idle job dropped).
     max_jobs: int = ranged(65536, Range(1, _MAX_TABLE_ENTRIES, integer=True))
+    # Client scopes whose learned state (tool times, round trips, ContextServe
+    # posteriors, classifier samples) is kept apart (least recently active
+    # dropped; docs/scoped-learning.md). Each costs at most ~25 KiB of
+    # round-trip window plus its samples, which stay within the unscoped
+    # bounds summed over all scopes: 4096 scopes stay near 100 MiB.
+    max_scopes: int = ranged(256, Range(1, 4096, integer=True))
     # Rebuild cost per context token before prefill times have been measured
     # (a second per token is slower than any real prefill).
     prefill_seconds_per_token: float = ranged(2e-4, Range(0.0, 1.0))

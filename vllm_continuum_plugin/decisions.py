@@ -11,6 +11,11 @@ The scheduler hooks are shared by both policies; only this decision differs:
 
 Deciders are called on the scheduler thread and must stay cheap; the
 classifier's refits run in a background thread.
+
+Scopes (``estimators.scopes``): ``decide`` reads the client scope from
+``TTLContext.scope`` and ``observe`` is given the scope of the job whose tool
+time was measured, so what one client's traffic teaches decides only that
+client's TTLs (and, through the bounded shared prior, nobody's by itself).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Protocol
 from .config import ContinuumConfig
 from .estimators.parser import ToolCall
 from .estimators.prefill import PrefillCostModel
+from .estimators.scopes import DEFAULT_SCOPE
 from .estimators.ttl import TTLContext, TTLPolicy, hint_ttl
 from .metadata import JobMetadata
 
@@ -47,7 +53,7 @@ class PinDecision:
 class Decider(Protocol):
     def decide(self, meta: JobMetadata, call: ToolCall | None, ctx: TTLContext) -> PinDecision: ...
 
-    def observe(self, call: ToolCall | None, seconds: float) -> None: ...
+    def observe(self, call: ToolCall | None, seconds: float, scope: str = DEFAULT_SCOPE) -> None: ...
 
     def close(self) -> None: ...
 
@@ -75,8 +81,8 @@ class ContinuumDecider:
         decision = self.ttl_policy.decide(ctx)
         return PinDecision(decision.ttl_s, decision.source)
 
-    def observe(self, call: ToolCall | None, seconds: float) -> None:
-        pass  # the scheduler's ToolDurationHistory is the CDF rule's data
+    def observe(self, call: ToolCall | None, seconds: float, scope: str = DEFAULT_SCOPE) -> None:
+        pass  # the scheduler's ScopedToolHistory is the CDF rule's data
 
     def close(self) -> None:
         pass
@@ -95,9 +101,9 @@ class ContextServeDecider:
             ttl, f"{speed}/{prediction.layer}", speed, prediction.layer, prediction.predicted_seconds, tool_s,
         )
 
-    def observe(self, call: ToolCall | None, seconds: float) -> None:
+    def observe(self, call: ToolCall | None, seconds: float, scope: str = DEFAULT_SCOPE) -> None:
         if call is not None:
-            self.predictor.observe(call, seconds)  # type: ignore[attr-defined]
+            self.predictor.observe(call, seconds, scope)  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self.predictor.close()  # type: ignore[attr-defined]
@@ -119,6 +125,7 @@ def make_decider(
         rules_path=config.rules_path or None,
         xgb_model_path=config.xgb_model_path or None,
         max_training_samples=config.xgb_max_training_samples,
+        max_scopes=config.max_scopes,
     )
     predictor = ContextAwarePredictor(cs_config, fallback=ttl_policy.decide)
     return ContextServeDecider(predictor)

@@ -46,7 +46,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["IMPLICIT_JOB_PREFIX", "ImplicitJobIndex", "ImplicitTurn", "is_implicit_job"]
+__all__ = ["IMPLICIT_JOB_PREFIX", "ImplicitJobIndex", "ImplicitTurn", "has_token_prompt", "is_implicit_job"]
 
 # Implicit job ids start with a control character, which client job ids may
 # not contain (``metadata.parse_job_id``): no client can name one.
@@ -66,6 +66,12 @@ Decode = Callable[[Sequence[int]], str]
 
 def is_implicit_job(job_id: str | None) -> bool:
     return job_id is not None and job_id.startswith(IMPLICIT_JOB_PREFIX)
+
+
+def has_token_prompt(request: Any) -> bool:
+    """The prompt is token ids (not ``prompt_embeds``): only then can an
+    untagged request be matched, or registered, by its tokens."""
+    return request.prompt_token_ids is not None and getattr(request, "prompt_embeds", None) is None
 
 
 def _normalise(text: str) -> str:
@@ -199,6 +205,13 @@ class ImplicitJobIndex:
             else:
                 hi = mid - 1
         return lo
+
+    def register_request(self, job_id: str, request: Any, decode: Decode, stop_token_ids: Collection[int]) -> bool:
+        """:meth:`register` a finished vLLM request (its block hashes, all
+        its tokens and its prompt length)."""
+        return self.register(
+            job_id, request.block_hashes, request.all_token_ids, request.num_prompt_tokens, decode, stop_token_ids,
+        )
 
     def match(self, block_hashes: Sequence[Any], prompt_token_ids: Sequence[int], decode: Decode) -> str | None:
         """The job whose registered turn this prompt continues, or None.

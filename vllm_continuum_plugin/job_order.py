@@ -38,15 +38,11 @@ from vllm.v1.request import Request, RequestStatus
 
 from .estimators.history import JobState
 from .job_queue import PriorityKey
-from .metadata import request_meta
+from .request_record import peek_record, request_record
 
 __all__ = ["JobOrder"]
 
 TIER_PREEMPTED, TIER_PINNED_JOB, TIER_REST = 0, 1, 2
-_RANKED_ARRIVAL_ATTR = "_continuum_job_arrival"
-_CREDIT_ATTR = "_continuum_job_credit"
-_RUN_KEY_ATTR = "_continuum_run_key"
-_VETERAN_ATTR = "_continuum_job_veteran"
 
 
 class JobOrder:
@@ -61,22 +57,26 @@ class JobOrder:
         """Fix the arrival ``request`` ranks by; ``job`` already counts it
         as in flight."""
         arrival = request.arrival_time
+        record = request_record(request)
         if job.in_flight == 1:
-            setattr(request, _RANKED_ARRIVAL_ATTR, max(job.first_arrival, arrival - self.window_s))
-            setattr(request, _CREDIT_ATTR, arrival - job.first_arrival <= self.window_s)
-            setattr(request, _VETERAN_ATTR, job.turns_finished > 0)
+            record.ranked_arrival = max(job.first_arrival, arrival - self.window_s)
+            record.credit = arrival - job.first_arrival <= self.window_s
+            record.veteran = job.turns_finished > 0
         else:
-            setattr(request, _RANKED_ARRIVAL_ATTR, arrival)
+            record.ranked_arrival = arrival
 
     @staticmethod
     def has_credit(request: Request) -> bool:
         """May the request use its job's pinned-job tier?"""
-        return getattr(request, _CREDIT_ATTR, False)
+        record = peek_record(request)
+        return record is not None and record.credit
 
     @staticmethod
     def ranked_arrival(request: Request) -> float:
         """The arrival the request ranks by (its own when it has no job)."""
-        return getattr(request, _RANKED_ARRIVAL_ATTR, request.arrival_time)
+        record = peek_record(request)
+        ranked = record.ranked_arrival if record is not None else None
+        return request.arrival_time if ranked is None else ranked
 
     def queue_key(self, request: Request) -> PriorityKey:
         if request.status == RequestStatus.PREEMPTED:
@@ -87,10 +87,18 @@ class JobOrder:
             tier = TIER_REST
         return (tier, self.ranked_arrival(request), request.arrival_time)
 
+    def sort_running(self, running: list[Request]) -> None:
+        """vLLM preempts ``running[-1]``: put the latest-ranked request not
+        on a protected last step there. Timsort makes the usual
+        already-sorted case O(n)."""
+        if len(running) > 1:
+            running.sort(key=self.running_key)
+
     def running_key(self, request: Request) -> tuple[bool, float, float]:
-        key = getattr(request, _RUN_KEY_ATTR, None)
+        record = request_record(request)
+        key = record.run_key
         if key is None:  # computed once per request: its ranked arrival is fixed
-            protected = request_meta(request).is_last_step and getattr(request, _VETERAN_ATTR, False)
+            protected = bool(record.meta.is_last_step) and record.veteran
             key = (not protected, self.ranked_arrival(request), request.arrival_time)
-            setattr(request, _RUN_KEY_ATTR, key)
+            record.run_key = key
         return key

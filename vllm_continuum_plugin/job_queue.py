@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
 
-__all__ = ["ContinuumRequestQueue", "PriorityKey"]
+__all__ = ["ContinuumRequestQueue", "PriorityKey", "WaitingTurns"]
 
 # (tier, ranked arrival of the job, request arrival)
 PriorityKey = tuple[int, float, float]
@@ -128,3 +128,30 @@ class ContinuumRequestQueue(RequestQueue):
         self._heap = [e for e in self._heap if live.get(e[-1]) == e[-2]]
         heapq.heapify(self._heap)
         self._num_stale = 0
+
+
+class WaitingTurns:
+    """Each job's requests that arrived and were neither admitted nor
+    finished yet: the turns a lapsed pin is kept for, and those whose tier
+    changes when their job gains or loses a pin. A job with none has no
+    entry."""
+
+    def __init__(self) -> None:
+        self._by_job: dict[str, set[Request]] = {}
+
+    def add(self, job_id: str, request: Request) -> None:
+        self._by_job.setdefault(job_id, set()).add(request)
+
+    def discard(self, job_id: str, request: Request) -> None:
+        waiting = self._by_job.get(job_id)
+        if waiting is not None:
+            waiting.discard(request)
+            if not waiting:
+                del self._by_job[job_id]
+
+    def of(self, job_id: str) -> Collection[Request]:
+        return self._by_job.get(job_id, ())
+
+    def by_job(self) -> Iterable[set[Request]]:
+        """Each job's waiting requests (jobs with none are left out)."""
+        return self._by_job.values()

@@ -26,6 +26,15 @@ exactly like stock FCFS) and logs a warning, never an engine error.
 
 Optional hints: ``tool_name`` / ``tool_command`` (override reply parsing) and
 ``expected_tool_seconds`` (the client's own estimate of the tool's duration).
+
+Client scope (``continuum_scope``; see ``estimators.scopes`` and
+docs/scoped-learning.md): whose learned state a request teaches and reads.
+On a server started with API keys it is the hash of the request's verified
+key (``key_scope``; the key itself is never kept) and overrides anything
+the client names; otherwise the ``continuum_scope`` field (any of the forms
+above) or the ``X-Continuum-Scope`` header (``SCOPE_HEADER``), a printable
+name of at most ``MAX_SCOPE_CHARS`` characters. A request that names none
+is in the default scope, which all such traffic shares.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .estimators.scopes import DEFAULT_SCOPE, is_key_scope, key_scope
+
 __all__ = [
     "JOB_ID",
     "IS_LAST_STEP",
@@ -42,11 +53,14 @@ __all__ = [
     "KV_HINT_ACTION",
     "MetadataError",
     "METADATA_FIELDS",
+    "SCOPE",
+    "SCOPE_HEADER",
+    "is_key_scope",
+    "key_scope",
     "kv_hint_fields",
     "parse_bool",
     "parse_metadata",
-    "request_meta",
-    "set_request_meta",
+    "parse_scope",
 ]
 
 JOB_ID = "job_id"
@@ -54,7 +68,11 @@ IS_LAST_STEP = "is_last_step"
 TOOL_NAME = "tool_name"
 TOOL_COMMAND = "tool_command"
 EXPECTED_TOOL_SECONDS = "expected_tool_seconds"
-METADATA_FIELDS = (JOB_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS)
+SCOPE = "continuum_scope"
+METADATA_FIELDS = (JOB_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS, SCOPE)
+# The header a client may name its scope with (when no API key decides it).
+SCOPE_HEADER = "X-Continuum-Scope"
+MAX_SCOPE_CHARS = 128
 MAX_JOB_ID_LENGTH = 256
 # Hints are parsed on the engine thread and kept per job: a request with a
 # longer one is rejected (HTTP 400 naming the field). A command longer than
@@ -89,21 +107,15 @@ class JobMetadata:
     tool_name: str | None = None
     tool_command: str | None = None
     expected_tool_seconds: float | None = None
+    # The client scope (module doc): whose learned state the turn teaches
+    # and reads. Also set for requests without a job id.
+    scope: str = DEFAULT_SCOPE
 
 
 UNTAGGED = JobMetadata()
-# Where the scheduler keeps a request's parsed metadata (set at add_request).
-_META_ATTR = "_continuum_meta"
+# (The scheduler keeps a request's parsed metadata in its record:
+# ``request_record.request_meta``.)
 
-
-def request_meta(request: Any) -> JobMetadata:
-    """The job metadata the scheduler parsed for ``request`` (UNTAGGED when
-    none)."""
-    return getattr(request, _META_ATTR, UNTAGGED)
-
-
-def set_request_meta(request: Any, meta: JobMetadata) -> None:
-    setattr(request, _META_ATTR, meta)
 
 _TRUE_STRINGS = frozenset({"true", "1"})
 _FALSE_STRINGS = frozenset({"false", "0"})
@@ -178,6 +190,20 @@ def _parse_seconds(value: Any) -> float | None:
     return seconds
 
 
+def parse_scope(value: Any, field: str = SCOPE) -> str:
+    """A client scope as the plugin keys it: ``DEFAULT_SCOPE`` for None or a
+    blank name; a printable name of at most ``MAX_SCOPE_CHARS`` characters,
+    without surrounding whitespace; or a key's scope (``key_scope``, which
+    only the API server sets). Raises ``MetadataError`` naming ``field``."""
+    if value is None:
+        return DEFAULT_SCOPE
+    if isinstance(value, str) and is_key_scope(value):
+        return value
+    if not isinstance(value, str) or len(value) > MAX_SCOPE_CHARS or not value.isprintable():
+        raise MetadataError(field, _shown(value), f"a printable string of at most {MAX_SCOPE_CHARS} characters")
+    return value.strip() or DEFAULT_SCOPE
+
+
 KV_HINT_ACTION = "vllm_continuum.job"
 KV_HINT_VERSIONS = ("1",)
 
@@ -228,4 +254,5 @@ def parse_metadata(
         tool_name=_parse_optional_str(args.get(TOOL_NAME), TOOL_NAME, MAX_TOOL_NAME_CHARS),
         tool_command=_parse_optional_str(args.get(TOOL_COMMAND), TOOL_COMMAND, MAX_TOOL_COMMAND_CHARS),
         expected_tool_seconds=_parse_seconds(args.get(EXPECTED_TOOL_SECONDS)),
+        scope=parse_scope(args.get(SCOPE)),
     )

@@ -97,6 +97,9 @@ class EngineMetrics:
         self.implicit_turns = dict.fromkeys(IMPLICIT_EVENTS, 0)
         # New jobs' first turns the admission gate holds back now.
         self.admission_held = 0
+        # Requests that named a job without continuing its context (served
+        # as stock: they did not act on the job, see job_context).
+        self.context_mismatches = 0
         self._dirty = True
         self._path: str | None = None
         directory = os.environ.get(METRICS_DIR_ENV)
@@ -169,6 +172,11 @@ class EngineMetrics:
             self.implicit_turns[event] += 1
             self._dirty = True
 
+    def on_context_mismatch(self) -> None:
+        with self._lock:
+            self.context_mismatches += 1
+            self._dirty = True
+
     def on_tool_time(self, seconds: float, predicted_s: float | None = None) -> None:
         with self._lock:
             self.tool_seconds.observe(seconds)
@@ -197,6 +205,7 @@ class EngineMetrics:
                 "jobs_ended": dict(self.jobs_ended),
                 "implicit_turns": dict(self.implicit_turns),
                 "admission_held": self.admission_held,
+                "context_mismatches": self.context_mismatches,
             }
 
     def flush(self) -> None:
@@ -352,8 +361,14 @@ class SnapshotCollector:
             "New jobs' first turns the admission gate holds back while the jobs under way fill the KV pool.",
             labels=labels,
         )
+        mismatches = CounterMetricFamily(
+            PREFIX + "context_mismatches",
+            "Requests that named a job without continuing its context (served as stock, the job untouched).",
+            labels=labels,
+        )
         for snap in self._snapshots():
             values = [snap.get("engine", "0"), snap.get("policy", "")]
+            mismatches.add_metric(values, snap.get("context_mismatches", 0))
             held.add_metric(values, snap.get("admission_held", 0))
             pinned.add_metric(values, snap["pinned_blocks"])
             jobs.add_metric(values, snap["pinned_jobs"])
@@ -381,4 +396,7 @@ class SnapshotCollector:
                     cumulative += count
                     buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
                 family.add_metric(values, buckets, h["sum"])
-        return [pinned, jobs, created, released, hits, trimmed, ttl, tool, decisions, error, fast, ended, implicit, held]
+        return [
+            pinned, jobs, created, released, hits, trimmed, ttl, tool, decisions, error, fast, ended, implicit, held,
+            mismatches,
+        ]

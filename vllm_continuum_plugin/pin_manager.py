@@ -33,17 +33,12 @@ from typing import Any
 from .clock import Clock
 from .metrics import EngineMetrics
 from .offload_backend import OffloadBackend
+from .job_context import prompt_anchor
 from .pin_table import Pin, PinTable, continues
 
 logger = logging.getLogger("vllm.continuum_plugin")
 
 __all__ = ["PinManager"]
-
-
-def _prompt_anchor(request: Any, block_size: int) -> tuple[int, Any] | None:
-    """(index, hash) of the last full block of ``request``'s prompt."""
-    index = min(request.num_prompt_tokens // block_size, len(request.block_hashes)) - 1
-    return (index, request.block_hashes[index]) if index >= 0 else None
 
 
 class PinManager:
@@ -105,6 +100,13 @@ class PinManager:
         pin = self.table.get(job_id) if job_id is not None else None
         return pin if pin is not None and continues(pin, block_hashes) else None
 
+    def continued_by(self, job_id: str, block_hashes: Any) -> bool | None:
+        """None when ``job_id`` holds no pin, else whether a request with
+        these block hashes continues it (:meth:`held_for`)."""
+        if job_id not in self.table:
+            return None
+        return self.held_for(job_id, block_hashes) is not None
+
     def next_deadline(self) -> float | None:
         """Earliest deadline of a live pin (monotonic seconds), or None."""
         return self.table.next_deadline()
@@ -165,7 +167,7 @@ class PinManager:
             ttl_s=ttl_s,
             tool_key=tool_key,
             speed=speed,
-            anchor=_prompt_anchor(request, self._block_size),
+            anchor=prompt_anchor(request, self._block_size),
             fence=fence,
         )
         self.table.add(pin)
@@ -235,6 +237,20 @@ class PinManager:
             self._offload.save_blocks(blocks, hold_job=job_id)
 
     # -- ending pins ------------------------------------------------------
+    def hand_over(self, job_id: str, block_hashes: Any, cached_tokens: int) -> bool:
+        """A request with these block hashes was admitted with a prefix hit
+        of ``cached_tokens``: if it continues ``job_id``'s pin, the pinned
+        blocks are its own now and the pin goes ("handoff"). Returns whether
+        it did."""
+        pin = self.held_for(job_id, block_hashes)
+        if pin is None:
+            return False
+        # The pin holds the job's previous prefix, so a hit covers the
+        # pinned blocks first (group 0: the full-attention prefix).
+        pinned_tokens = len(pin.blocks_by_group[0]) * self._block_size if pin.blocks_by_group else 0
+        self.release(job_id, "handoff", hit_tokens=min(cached_tokens, pinned_tokens))
+        return True
+
     def release(self, job_id: str, reason: str, hit_tokens: int = 0) -> bool:
         """End ``job_id``'s pin (if any) and return its blocks to the pool."""
         pin = self.table.pop(job_id)

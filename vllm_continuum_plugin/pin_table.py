@@ -27,6 +27,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from .job_context import Anchor, anchor_continued
+
 __all__ = ["Pin", "PinTable", "continues"]
 
 
@@ -49,7 +51,7 @@ class Pin:
     # a request continues this job's context (and may take the pin over or
     # end it) only if its own block hash at that index is the same. None: a
     # prompt shorter than one block, nothing to check.
-    anchor: tuple[int, Any] | None = None
+    anchor: Anchor | None = None
     # The engine step that may still write these blocks when they were
     # pinned (vLLM's deferred frees), else None.
     fence: int | None = None
@@ -63,10 +65,7 @@ def continues(pin: Pin, block_hashes: Any) -> bool:
     """Does a request with these block hashes continue the context ``pin``
     holds (its prompt starts with the pinned turn's prompt)? O(1): block
     hashes chain, so one equal hash means an equal prefix."""
-    if pin.anchor is None:
-        return True
-    index, block_hash = pin.anchor
-    return index < len(block_hashes) and block_hashes[index] == block_hash
+    return anchor_continued(pin.anchor, block_hashes)
 
 
 class PinTable:

@@ -33,12 +33,12 @@ from types import ModuleType
 from typing import Any, Literal
 
 from ._version import check_vllm_version
+from .policies import PLUGIN_POLICIES
 
 logger = logging.getLogger("vllm.continuum_plugin")
 
 __all__ = ["register", "PLUGIN_POLICIES"]
 
-PLUGIN_POLICIES = ("continuum", "context_serve")
 _lock = threading.Lock()
 _registered = False
 

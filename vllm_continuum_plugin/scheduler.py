@@ -3,18 +3,27 @@
 The mixin overrides a handful of methods and leaves vLLM's scheduling loop,
 block manager and kernels untouched:
 
-* ``_free_request_blocks`` -- **pin**: a non-final agent turn that finished
-  normally keeps its hashed KV blocks for a TTL chosen by the estimator; the
-  unhashed tail is freed. An untagged turn whose reply calls a tool starts an
-  implicit job and is pinned the same way. Preemption, abort, error, last
-  step (the client's flag, or a finish action such as mini-swe-agent's
-  ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, a ``final_answer`` tool),
-  a final answer (a reply without a tool call in an implicit job, or in an
-  explicit job that called tools before and did not send ``is_last_step``),
-  TTL 0 and disabled prefix caching free as usual; a job's last turn
-  (known, not an abort) then puts the job's own blocks first in line for
-  eviction (:func:`~.eviction_order.evict_first`): nobody asks for a
-  finished job's context again.
+* ``add_request`` -- parses job metadata (``request_record``). A request
+  that names a job acts on it only if it continues the job's context (its
+  pin or a recent turn's prompt, :class:`~.job_context.JobContexts`); any
+  other is served as stock. An untagged request whose prompt continues a
+  finished agent turn is that implicit job's next turn (``implicit_jobs``).
+  Measures tool time and queues the request in the job-aware
+  ``ContinuumRequestQueue``.
+* ``_free_request_blocks`` -- :func:`~.turn_outcome.decide_turn` decides
+  what a finished turn becomes, from facts
+  :class:`~.turn_facts.TurnReader` reads; this applies it. **Pin**: a
+  non-final agent turn that finished normally keeps its hashed blocks for
+  the TTL the decider chooses (an untagged turn whose reply calls a tool
+  starts an implicit job first); TTL 0 offloads (with the plugin's
+  connector) and frees. **End the job**: its last step (the client's flag,
+  a finish action such as mini-swe-agent's
+  ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, a ``final_answer`` tool,
+  or a final answer: a reply without a tool call in an implicit job, or in
+  an explicit job that called tools and sent no ``is_last_step``), or an
+  abort or error; a known last turn puts the job's own blocks first in line
+  for eviction (:func:`~.eviction_order.evict_first`). Preemption, chat
+  traffic and disabled prefix caching free as usual.
 * ``schedule`` -- releases expired pins (TTL) before the step, orders
   ``running`` so that vLLM's "preempt running[-1]" picks the latest-arriving
   job not on its last step, takes the new jobs' first turns that the
@@ -29,25 +38,19 @@ block manager and kernels untouched:
   preempts a running request; a waiting request (or a whole idle engine)
   likewise, except that a waiting request of a newer job does not evict an
   older job's pin.
-* ``add_request`` -- parses job metadata (an untagged request whose prompt
-  continues a finished agent turn is that implicit job's next turn, see
-  ``implicit_jobs``), measures tool time, and queues the request in the
-  job-aware ``ContinuumRequestQueue``.
+* ``update_from_output`` / ``has_requests`` -- time prefills, and keep an
+  idle engine waking for the next pin deadline (:mod:`~.wakeup`).
 * ``_update_waiting_for_remote_kv`` -- with a KV connector the plugin does
   not drive (vLLM's native offloading, LMCache), times the loads of later
   turns from that connector's tier (:class:`~.foreign_tier.ForeignTier`), so a
   dropped context is priced as the reload it costs, not a prefill.
 * ``reset_prefix_cache`` / ``shutdown`` -- release every pin first.
 
-The pin lifecycle itself (taking blocks, the cap, expiry, release, soft-pin
-victims) lives in :class:`~.pin_manager.PinManager`, where a request ranks
-(bounded job-level FCFS) in :class:`~.job_order.JobOrder`, reading replies
-(decode, stop strings, tool calls) in :class:`~.reply_reader.ReplyReader`,
-finding untagged agents' next turns in
-:class:`~.implicit_jobs.ImplicitJobIndex`, the client's share of a tool gap
-in :class:`~.estimators.round_trip.RoundTripOverhead` (TTLs from
-tool-duration estimates add it);
-every time the scheduler
+The pin lifecycle (taking blocks, the cap, expiry, release, hand-over,
+soft-pin victims) lives in :class:`~.pin_manager.PinManager`, where a
+request ranks (bounded job-level FCFS) in :class:`~.job_order.JobOrder`,
+the TTL's inputs (holding against rebuilding a context, the client's round
+trip) in :class:`~.context_costs.ContextCosts`; every time the scheduler
 reads comes from the :class:`~.clock.Clock` it was constructed with
 (``clock=``, default the system clock), so tests advance time instead of
 sleeping.
@@ -60,8 +63,10 @@ out of the waiting queue only inside ``schedule()`` and never longer than
 ``job_priority_window_s`` in all; requests without a job id whose reply
 calls no tool, and every untagged request when ``implicit_jobs`` is off,
 behave exactly as FCFS (the gate never holds them); client metadata always
-wins over an implicit match; ending a job never changes which blocks are
-free, only the order in which free cached blocks are evicted.
+wins over an implicit match; a request that does not continue the context
+of the job it names never changes that job's state (its end, tool time,
+order or pin); ending a job never changes which blocks are free, only the
+order in which free cached blocks are evicted.
 """
 
 from __future__ import annotations
@@ -78,25 +83,30 @@ from vllm.v1.request import Request
 from .admission import AdmissionGate
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
-from .estimators.history import JobTracker, SlidingMean, ToolDurationHistory, TurnCountCorrelation
+from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
 from .decisions import Decider, make_decider
-from .estimators.parser import NO_TOOL_KEY, is_finish_action
+from .estimators.parser import NO_TOOL_KEY, ToolCall
 from .estimators.prefill import PrefillCostModel, PrefillTimer
 from .estimators.round_trip import RoundTripOverhead
-from .estimators.ttl import TTLContext, TTLPolicy, make_ttl_policy
-from .implicit_jobs import ImplicitJobIndex, is_implicit_job
-from .job_queue import ContinuumRequestQueue
+from .estimators.ttl import ScopedToolHistory, TTLPolicy, make_ttl_policy
+from .implicit_jobs import ImplicitJobIndex, has_token_prompt, is_implicit_job
+from .job_context import JobContexts
+from .job_queue import ContinuumRequestQueue, WaitingTurns
 from .job_order import JobOrder
-from .metadata import UNTAGGED, JobMetadata, MetadataError, parse_metadata, request_meta, set_request_meta
+from .metadata import JobMetadata
+from .request_record import parse_request_metadata, request_meta, set_request_meta
 from .metrics import EngineMetrics
+from .context_costs import ContextCosts
 from .foreign_tier import ForeignTier
 from .eviction_order import evict_first
 from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
 from .soft_pins import SoftPins
-from .registration import PLUGIN_POLICIES
+from .policies import PLUGIN_POLICIES
 from .reply_reader import ReplyReader, stop_token_ids
-from .wakeup import ExpiryWaker, find_engine_input_queue
+from .turn_facts import TurnReader
+from .turn_outcome import PinRelation, TurnOutcome, TurnOutcomeKind, TurnRules, decide_turn
+from .wakeup import EngineWaker
 
 logger = logging.getLogger("vllm.continuum_plugin")
 
@@ -106,12 +116,6 @@ __all__ = [
     "ContinuumSchedulerMixin",
     "PLUGIN_POLICIES",
 ]
-
-# Release reason of a job's remaining pin when its turn ends it (by how the
-# end was known; None: the turn was aborted).
-_RELEASE_REASON_AT_END = {
-    None: "abort", "last_step": "last_step", "finish_action": "finish_action", "final_answer": "last_step",
-}
 
 
 class ContinuumSchedulerMixin:
@@ -147,8 +151,15 @@ class ContinuumSchedulerMixin:
         cfg = self.continuum_config
 
         self.jobs = JobTracker(cfg.max_jobs, cfg.job_idle_reset_s)
-        self.round_trip = RoundTripOverhead(cfg.round_trip_default_s)
-        self.tool_history = ToolDurationHistory(cfg.history_max_samples, cfg.history_max_tools)
+        # A request acts on a job only if it continues the job's context.
+        self.contexts = JobContexts(
+            self.block_size, cfg.max_jobs, cfg.job_idle_reset_s,
+            on_mismatch=lambda: self.continuum_metrics.on_context_mismatch(),
+        )
+        # Learned per client scope (estimators.scopes): one client's traffic
+        # never retunes another's TTLs.
+        self.round_trip = RoundTripOverhead(cfg.round_trip_default_s, max_scopes=cfg.max_scopes)
+        self.tool_history = ScopedToolHistory(cfg.history_max_samples, cfg.history_max_tools, cfg.max_scopes)
         self.prefill_cost = PrefillCostModel(cfg.prefill_seconds_per_token)
         self.evicted_queueing_delay = SlidingMean(256)
         self.turn_correlation = TurnCountCorrelation()
@@ -183,19 +194,21 @@ class ContinuumSchedulerMixin:
             if cfg.implicit_jobs and self.pinning_enabled
             else None
         )
-        self._finish_actions = frozenset(cfg.finish_action_list)
         block_pool = self.kv_cache_manager.block_pool
         usable_blocks = max(0, block_pool.num_gpu_blocks - 1)  # minus the null block
 
         self.order = JobOrder(cfg.job_priority_window_s, has_pin=self._continues_pin)
         self.waiting = ContinuumRequestQueue(self.order.queue_key)
         self.kv_holding_waiting = ContinuumRequestQueue(self.order.queue_key)
-        self._waiting_by_job: dict[str, set[Request]] = {}
+        self._waiting_turns = WaitingTurns()
         self._running_order_dirty = True
         self._prefills = PrefillTimer(self.prefill_cost)
         self.replies = ReplyReader(self._load_tokenizer, cfg.pin_on_stop_string)
-        self._waker: ExpiryWaker | None = None
-        self._waker_lookup_done = False
+        self.costs = ContextCosts(
+            block_pool, self.block_size, self.prefill_cost, self.offload, self.tier,
+            self.round_trip, self.evicted_queueing_delay, self.turn_correlation,
+        )
+        self._waker = EngineWaker(clock)
 
         parallel = vllm_config.parallel_config
         self.continuum_metrics = EngineMetrics(
@@ -211,6 +224,10 @@ class ContinuumSchedulerMixin:
             has_waiting_turn=self._has_waiting_turn,
             block_size=self.block_size,
             free_blocks=self._free_after_fence,
+        )
+        self.turns = TurnReader(
+            self.replies, self.jobs, self.pins, frozenset(cfg.finish_action_list),
+            TurnRules(implicit_jobs=self.implicit_jobs is not None, pinning=self.pinning_enabled),
         )
         self.soft_pins = SoftPins(
             self, self.pins, self.order,
@@ -259,53 +276,32 @@ class ContinuumSchedulerMixin:
 
     def _has_waiting_turn(self, job_id: str) -> bool:
         """A waiting request continues the job's pin (keep it past its deadline)."""
-        return any(self._continues_pin(r) for r in self._waiting_by_job.get(job_id, ()))
+        return any(self._continues_pin(r) for r in self._waiting_turns.of(job_id))
 
     def _reprioritize_job(self, job_id: str) -> None:
-        waiting = self._waiting_by_job.get(job_id)
-        if waiting:
-            # Only a request with its job's credit can change tier.
-            credited = [r for r in waiting if self.order.has_credit(r)]
-            if credited:
-                self.waiting.reprioritize(credited)
-                self.kv_holding_waiting.reprioritize(credited)
-
-    def _order_running_for_preemption(self) -> None:
-        """vLLM preempts ``running[-1]``: put the latest-arriving job that is
-        not on its last step there. Timsort makes the usual already-sorted
-        case O(n)."""
-        if len(self.running) > 1:
-            self.running.sort(key=self.order.running_key)
+        # Only a request with its job's credit can change tier.
+        credited = [r for r in self._waiting_turns.of(job_id) if self.order.has_credit(r)]
+        if credited:
+            self.waiting.reprioritize(credited)
+            self.kv_holding_waiting.reprioritize(credited)
 
     # ------------------------------------------------------------------
     # Request arrival
     # ------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         if request.request_id not in self.requests:
-            meta = self._parse_request_metadata(request)
-            if meta.job_id is None and self.implicit_jobs is not None and _has_token_prompt(request):
+            meta = parse_request_metadata(request)
+            if meta.job_id is not None:  # acts on the job only if it continues its context
+                job_id = meta.job_id
+                meta = self.contexts.bind(
+                    request, meta, self.jobs.get(job_id), self.pins.continued_by(job_id, request.block_hashes)
+                )
+            elif self.implicit_jobs is not None and has_token_prompt(request):
                 meta = self._match_implicit_job(request, meta)
             set_request_meta(request, meta)
             if meta.job_id is not None:
                 self._on_job_arrival(request, meta)
         super().add_request(request)  # type: ignore[misc]
-
-    def _parse_request_metadata(self, request: Request) -> JobMetadata:
-        params = request.sampling_params
-        extra_args = params.extra_args if params is not None else None
-        try:
-            return parse_metadata(
-                extra_args, getattr(request, "session_id", None), getattr(request, "kv_hints", None)
-            )
-        except MetadataError as e:
-            # The API server rejects these with HTTP 400; only offline callers
-            # reach here. Never fail the engine: serve as an untagged request.
-            logger.warning(
-                "vllm-continuum-plugin: request %s has %s; serving it without job metadata",
-                request.request_id,
-                e,
-            )
-            return UNTAGGED
 
     def _match_implicit_job(self, request: Request, meta: JobMetadata) -> JobMetadata:
         """An untagged request whose prompt continues a finished implicit-job
@@ -320,15 +316,21 @@ class ContinuumSchedulerMixin:
 
     def _on_job_arrival(self, request: Request, meta: JobMetadata) -> None:
         assert meta.job_id is not None
-        job, measured, tool_key = self.jobs.on_arrival(meta.job_id, request.arrival_time)
+        job, measured, tool_key = self.jobs.on_arrival(meta.job_id, request.arrival_time, meta.scope)
         self.order.credit(request, job)
+        if measured is not None and meta.scope != job.scope:
+            # Another client's request under this job id: its gap is no tool
+            # time of the job's client, and it teaches no scope.
+            logger.debug("continuum: request %s of another scope names job %s; no tool time learned",
+                         request.request_id, meta.job_id)
+            measured = None
         if measured is not None:
             if job.last_tool_s is not None:
                 self.round_trip.observe(job, measured, job.last_tool_s)
-            self.tool_history.record(tool_key or NO_TOOL_KEY, measured)
-            self.decider.observe(job.last_call, measured)
+            self.tool_history.record(tool_key or NO_TOOL_KEY, measured, job.scope)
+            self.decider.observe(job.last_call, measured, job.scope)
             self.continuum_metrics.on_tool_time(measured, job.last_predicted_s)
-        self._waiting_by_job.setdefault(meta.job_id, set()).add(request)
+        self._waiting_turns.add(meta.job_id, request)
         if self.admission is not None and job.turns_finished == 0 and job.in_flight == 1:
             self.admission.on_first_turn(request)
 
@@ -338,22 +340,18 @@ class ContinuumSchedulerMixin:
             return
         if self.admission is not None:
             self.admission.forget(request)
-        waiting = self._waiting_by_job.get(job_id)
-        if waiting is not None:
-            waiting.discard(request)
-            if not waiting:
-                del self._waiting_by_job[job_id]
+        self._waiting_turns.discard(job_id, request)
 
     # ------------------------------------------------------------------
     # Scheduling step
     # ------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
-        if not self._waker_lookup_done:
-            self._init_waker()
+        if not self._waker.attached:
+            self._waker.attach()
         self.pins.release_expired()
         self.soft_pins.arm()
         if self._running_order_dirty:
-            self._order_running_for_preemption()
+            self.order.sort_running(self.running)
             self._running_order_dirty = False
         gate = self.admission
         if gate is not None:
@@ -367,7 +365,7 @@ class ContinuumSchedulerMixin:
             self._running_order_dirty = True
             self._after_admission(output)
         if self.tier is not None:
-            self.tier.after_step(self._waiting_by_job.values(), self.clock.monotonic())
+            self.tier.after_step(self._waiting_turns.by_job(), self.clock.monotonic())
         if output.preempted_req_ids:
             self._running_order_dirty = True
         # (The waker's deadline is refreshed in update_from_output, which
@@ -401,14 +399,7 @@ class ContinuumSchedulerMixin:
                 # This turn's reload (if any) was planned in this step; the
                 # store's entries of the job are plain LRU entries from now.
                 self.offload.end_hold(job_id)
-            pin = self.pins.held_for(job_id, request.block_hashes)
-            if pin is not None:
-                # The pin holds the job's previous prefix, so a hit covers the
-                # pinned blocks first (group 0: the full-attention prefix).
-                pinned_tokens = len(pin.blocks_by_group[0]) * self.block_size if pin.blocks_by_group else 0
-                self.pins.release(job_id, "handoff", hit_tokens=min(cached, pinned_tokens))
-            else:
-                job = self.jobs.get(job_id)
+            if not self.pins.hand_over(job_id, request.block_hashes, cached):
                 if job is not None and job.turns_finished > 0:
                     # A later turn whose KV was not kept: the queueing delay it
                     # saw is the paper's T.
@@ -426,7 +417,7 @@ class ContinuumSchedulerMixin:
             self._prefills.observe(self.requests, self.clock.monotonic())
         # Pins created by requests that finished in this step need a wake-up
         # even if the engine goes idle right after.
-        self._update_waker()
+        self._waker.set_deadline(self.pins.next_deadline())
         return outputs
 
     def has_requests(self) -> bool:
@@ -440,50 +431,45 @@ class ContinuumSchedulerMixin:
     # Pinning on the block-freeing path
     # ------------------------------------------------------------------
     def _free_request_blocks(self, request: Request) -> None:
-        if not request.is_finished():  # preemption: stock behaviour
+        """A request leaves vLLM (finished or preempted): ``decide_turn``
+        says what its turn becomes, this applies it."""
+        if request.is_finished():
+            self._forget_waiting(request)
+            self._prefills.forget(request.request_id)
+            if self.tier is not None:
+                self.tier.forget(request.request_id)
+        turn, call = self.turns.read(request)
+        outcome = decide_turn(turn, self.turns.rules)
+        if outcome.kind is TurnOutcomeKind.STOCK:
             super()._free_request_blocks(request)  # type: ignore[misc]
-            return
-        self._forget_waiting(request)
-        self._prefills.forget(request.request_id)
-        if self.tier is not None:
-            self.tier.forget(request.request_id)
+        elif outcome.kind is TurnOutcomeKind.END_JOB:
+            assert turn.reply is not None
+            self._end_job(request, outcome, turn.reply.normal, turn.pin is PinRelation.CONTINUED)
+        else:
+            self._continue_job(request, outcome, call)
+
+    def _continue_job(self, request: Request, outcome: TurnOutcome, call: ToolCall | None) -> None:
+        """A turn after which its job goes on (RETAIN or FREE): note the
+        turn, decide its TTL, then pin, offload or free its blocks."""
         meta = request_meta(request)
+        if outcome.starts_implicit_job:
+            meta = self._start_implicit_job(request, meta)
         job_id = meta.job_id
-        if job_id is None and self.implicit_jobs is None:
-            super()._free_request_blocks(request)  # type: ignore[misc]
-            return
-        normal, reply_text = self.replies.finished_normally(request)
-        # The reply is read once, and only when the turn may go on.
-        call = self.replies.tool_call(meta, request, reply_text) if normal and not meta.is_last_step else None
-        if job_id is None:
-            if call is None or is_finish_action(call, self._finish_actions) or not _has_token_prompt(request):
-                # Chat traffic, a one-turn agent, or a prompt of embeddings
-                # (no token ids to find its next turn by): served as stock.
-                super()._free_request_blocks(request)  # type: ignore[misc]
-                return
-            job_id = self._start_implicit_job(request, meta)
-            meta = request_meta(request)
-        if meta.is_last_step or not normal:
-            self._end_job(request, meta, normal, "last_step" if meta.is_last_step else None)
-            return
-        if call is not None and is_finish_action(call, self._finish_actions):
-            self._end_job(request, meta, normal, "finish_action")
-            return
-        if call is None and self._is_final_answer(job_id, meta):
-            self._end_job(request, meta, normal, "final_answer")
-            return
+        assert job_id is not None
+        now = self.clock.time()
         tool_key = call.tool_key if call is not None else NO_TOOL_KEY
-        job = self.jobs.on_finish(job_id, self.clock.time(), tool_key, counted=True)
+        job = self.jobs.on_finish(job_id, now, tool_key, counted=True)
         if call is not None and job is not None:
             job.had_tool_call = True
         if self.admission is not None:
-            self.admission.on_turn_finished(job_id, request, self.clock.time())
+            self.admission.on_turn_finished(job_id, request, now)
         if job is not None:  # set again below when this turn is decided
             job.last_predicted_s = job.last_tool_s = None
             job.last_context_tokens = request.num_tokens
         if self.implicit_jobs is not None and is_implicit_job(job_id):
-            self._register_implicit_turn(request, job_id)
-        if not self.pinning_enabled:
+            self.implicit_jobs.register_request(job_id, request, self.replies.decode, stop_token_ids(request))
+        self.contexts.remember(job_id, request, first=job is None or job.turns_finished == 1)
+        if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         # With async scheduling and a KV-consumer connector (the default GPU
@@ -491,20 +477,7 @@ class ContinuumSchedulerMixin:
         # blocks: vLLM defers their free. A pin may hold them all the same;
         # what leaves it before that step is processed is deferred too.
         fence = None if self._request_blocks_can_be_freed(request) else request.last_sched_seq  # type: ignore[attr-defined]
-        decision = self.decider.decide(
-            meta,
-            call,
-            TTLContext(
-                tool_key=tool_key,
-                context_tokens=request.num_tokens,
-                queueing_delay_s=self.evicted_queueing_delay.mean(0.0),
-                eta=self.turn_correlation.eta(),
-                rebuild_seconds=self._rebuild_seconds(request),
-                round_trip_s=self.round_trip.margin(job),
-                round_trip_measured=self.round_trip.is_measured(job),
-                hold_price=self._hold_price(request),
-            ),
-        )
+        decision = self.decider.decide(meta, call, self.costs.ttl_context(request, tool_key, job, meta.scope))
         if job is not None:  # measured against the next arrival
             job.last_call = call
             job.last_predicted_s = decision.predicted_seconds
@@ -514,17 +487,17 @@ class ContinuumSchedulerMixin:
             "continuum: job %s request %s tool %r -> ttl %.3fs (%s)",
             job_id, request.request_id, tool_key, decision.ttl_s, decision.source,
         )
-        # A newer turn of the same context supersedes the job's older pin
-        # (overlapping turns); a request that only names the job does not
-        # touch another context's pin and is served as stock.
-        if job_id in self.pins:
-            if self.pins.held_for(job_id, request.block_hashes) is None:
-                logger.debug("continuum: request %s names job %s but does not continue its pin; not pinned",
-                             request.request_id, job_id)
-                super()._free_request_blocks(request)  # type: ignore[misc]
-                return
+        outcome = outcome.with_ttl(decision.ttl_s)
+        if outcome.kind is TurnOutcomeKind.FREE:
+            # The job's pin holds another context (an overlapping turn of
+            # another branch): it stays, this turn is served as stock.
+            logger.debug("continuum: request %s names job %s but does not continue its pin; not pinned",
+                         request.request_id, job_id)
+            super()._free_request_blocks(request)  # type: ignore[misc]
+            return
+        if outcome.supersedes_pin:  # a newer turn of the same context
             self.pins.release(job_id, "handoff")
-        if decision.ttl_s <= 0:
+        if outcome.kind is TurnOutcomeKind.OFFLOAD:
             self.continuum_metrics.on_ttl_decision(0.0)
             if self.offload is not None:  # SLOW tool: reload later, not recompute
                 self.offload.save_request(request, hold_job=job_id)
@@ -534,49 +507,34 @@ class ContinuumSchedulerMixin:
             request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
         )
 
-    def _is_final_answer(self, job_id: str, meta: JobMetadata) -> bool:
-        """A normally finished turn whose reply calls no tool: does it end
-        its job? An implicit job's always does (it exists only because of
-        tool calls). An explicit job's does when an earlier turn of it
-        called a tool, the reply was actually read (a tokenizer decoded it:
-        "no tool call" is then known, not assumed), and the client did not
-        send ``is_last_step`` (an explicit ``false`` keeps the answer pinned
-        while its user reads it)."""
-        if is_implicit_job(job_id):
-            return True
-        if meta.is_last_step is not None or not self.replies.can_read():
-            return False
-        job = self.jobs.get(job_id)
-        # A job forgotten (ended, LRU-evicted) and started again under the
-        # same id is a new JobState: it has had no tool call yet.
-        return job is not None and job.had_tool_call
-
-    def _end_job(self, request: Request, meta: JobMetadata, normal: bool, last: str | None) -> None:
-        """The job's last turn (``last``: how that was known) or an aborted
-        turn (``last`` None) finished: release its pin, free its blocks."""
-        job_id = meta.job_id
+    def _end_job(self, request: Request, outcome: TurnOutcome, normal: bool, continues_pin: bool) -> None:
+        """The job's last turn or an aborted turn (``outcome.ends_job``
+        False) finished: release its pin, free its blocks."""
+        job_id = request_meta(request).job_id
         assert job_id is not None
+        ends = outcome.ends_job
         job = self.jobs.on_finish(job_id, self.clock.time(), None, counted=normal)
         shared_tokens = job.first_hit_tokens if job is not None else None
-        if last is not None:
+        if ends:
             if normal and job is not None:
                 self.turn_correlation.add_job(job.turns_finished)
             self.jobs.forget(job_id)
-            self.continuum_metrics.on_job_end(last)
+            self.contexts.forget(job_id)
+            self.continuum_metrics.on_job_end(outcome.reason.value)
         if self.admission is not None:
             self.admission.on_job_end(job_id)
         if self.implicit_jobs is not None:
             # An aborted implicit turn is not retried by prefix: its job ends too.
             self.implicit_jobs.forget(job_id)
-        if self.pins.held_for(job_id, request.block_hashes) is not None:
-            self.pins.release(job_id, _RELEASE_REASON_AT_END[last])
+        if continues_pin:
+            self.pins.release(job_id, outcome.release_reason)
         if self.offload is not None:
             # Nobody reloads a finished job's context: its stored blocks go
             # first. (An aborted turn may be retried: keep them.)
-            self.offload.end_hold(job_id, demote=last is not None)
-            if last is not None:
+            self.offload.end_hold(job_id, demote=ends)
+            if ends:
                 self.offload.demote_request(request)
-        if last is None or shared_tokens is None:  # an abort may be retried: LRU as usual
+        if not ends or shared_tokens is None:  # an abort may be retried: LRU as usual
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks
@@ -584,23 +542,17 @@ class ContinuumSchedulerMixin:
         moved = evict_first(self.kv_cache_manager.block_pool, blocks, shared_tokens // self.block_size)
         logger.debug("continuum: job %s ended; %d of its blocks go first out of the prefix cache", job_id, moved)
 
-    def _start_implicit_job(self, request: Request, meta: JobMetadata) -> str:
+    def _start_implicit_job(self, request: Request, meta: JobMetadata) -> JobMetadata:
         """An untagged turn that called a tool: from now on it is a job."""
         assert self.implicit_jobs is not None
         job_id = self.implicit_jobs.new_job_id()
-        set_request_meta(request, dataclasses.replace(meta, job_id=job_id))
-        job, _, _ = self.jobs.on_arrival(job_id, request.arrival_time)
+        meta = dataclasses.replace(meta, job_id=job_id)
+        set_request_meta(request, meta)
+        job, _, _ = self.jobs.on_arrival(job_id, request.arrival_time, meta.scope)
         self.order.credit(request, job)
         self.continuum_metrics.on_implicit_turn("started")
         logger.debug("continuum: request %s starts implicit job %r", request.request_id, job_id)
-        return job_id
-
-    def _register_implicit_turn(self, request: Request, job_id: str) -> None:
-        assert self.implicit_jobs is not None
-        self.implicit_jobs.register(
-            job_id, request.block_hashes, request.all_token_ids, request.num_prompt_tokens,
-            self.replies.decode, stop_token_ids(request),
-        )
+        return meta
 
     def _free_after_fence(self, blocks: list[Any], fence: int | None) -> None:
         """Return pinned blocks (allocation order) to the pool, tail first;
@@ -610,31 +562,6 @@ class ContinuumSchedulerMixin:
             self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))
         else:
             self._free_cow_retained_blocks(blocks[::-1], fence)  # type: ignore[attr-defined]
-
-    def _hold_price(self, request: Request) -> float:
-        """What a second of holding ``request``'s context costs the others:
-        its share of the pool (the hashed blocks a pin would keep) times
-        how full the pool is now (blocks neither free nor evictable: running
-        requests and pins). An idle pool makes holding free; a full one
-        charges a pin its share of the memory."""
-        pool = self.kv_cache_manager.block_pool
-        blocks = min(len(request.block_hashes), request.num_tokens // self.block_size)
-        return blocks / max(1, pool.num_gpu_blocks - 1) * min(1.0, max(0.0, pool.get_usage()))
-
-    def _rebuild_seconds(self, request: Request) -> float | None:
-        """With the plugin's offload connector, rebuilding the context costs a
-        reload of what the store holds plus a prefill of the rest; with
-        another connector's tier, its learned reload cost (``tier``); None
-        (a prefill) otherwise or while nothing is known."""
-        if self.offload is None:
-            if self.tier is not None:
-                return self.tier.rebuild_seconds(request.num_tokens)
-            return None
-        per_token = self.offload.reload_seconds_per_token()
-        if per_token is None:
-            return None
-        stored = self.offload.stored_prefix_tokens(request)
-        return per_token * stored + self.prefill_cost.seconds(max(0, request.num_tokens - stored))
 
     def _load_tokenizer(self) -> Any:
         tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
@@ -658,29 +585,9 @@ class ContinuumSchedulerMixin:
     def shutdown(self) -> None:
         self.pins.release_all("shutdown")
         self.decider.close()
-        if self._waker is not None:
-            self._waker.close()
+        self._waker.close()
         self.continuum_metrics.close()
         super().shutdown()  # type: ignore[misc]
-
-    def _init_waker(self) -> None:
-        self._waker_lookup_done = True
-        input_queue = find_engine_input_queue()
-        if input_queue is None:
-            return
-        from vllm.v1.engine import EngineCoreRequestType
-
-        self._waker = ExpiryWaker(input_queue, (EngineCoreRequestType.WAKEUP, None), self.clock)
-
-    def _update_waker(self) -> None:
-        if self._waker is not None:
-            self._waker.set_deadline(self.pins.next_deadline())
-
-
-def _has_token_prompt(request: Request) -> bool:
-    """The prompt is token ids (not ``prompt_embeds``): implicit jobs match
-    and register turns by them."""
-    return request.prompt_token_ids is not None and getattr(request, "prompt_embeds", None) is None
 
 
 class ContinuumScheduler(ContinuumSchedulerMixin, Scheduler):

@@ -36,7 +36,7 @@ from typing import Any
 from vllm.v1.request import Request, RequestStatus
 
 from .job_order import JobOrder
-from .metadata import request_meta
+from .request_record import request_meta
 from .pin_manager import PinManager
 
 __all__ = ["SoftPins"]

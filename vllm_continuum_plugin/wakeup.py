@@ -23,7 +23,7 @@ import threading
 
 from .clock import SYSTEM_CLOCK, Clock
 
-__all__ = ["ExpiryWaker", "find_engine_input_queue"]
+__all__ = ["EngineWaker", "ExpiryWaker", "find_engine_input_queue"]
 
 
 def find_engine_input_queue(max_depth: int = 12) -> "queue.Queue | None":
@@ -74,3 +74,33 @@ class ExpiryWaker:
         with self._cond:
             self._closed = True
             self._cond.notify()
+
+
+class EngineWaker:
+    """The scheduler's handle on its engine's waker: the input queue is
+    looked up once, from the first ``schedule()`` (:meth:`attach`); without
+    one (in-process engines, tests) every call is a no-op."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
+        self._waker: ExpiryWaker | None = None
+        self.attached = False
+
+    def attach(self) -> None:
+        """Find the engine's input queue (call from ``schedule()``: the
+        EngineCore is among the caller frames)."""
+        self.attached = True
+        input_queue = find_engine_input_queue()
+        if input_queue is None:
+            return
+        from vllm.v1.engine import EngineCoreRequestType
+
+        self._waker = ExpiryWaker(input_queue, (EngineCoreRequestType.WAKEUP, None), self._clock)
+
+    def set_deadline(self, deadline: float | None) -> None:
+        if self._waker is not None:
+            self._waker.set_deadline(deadline)
+
+    def close(self) -> None:
+        if self._waker is not None:
+            self._waker.close()

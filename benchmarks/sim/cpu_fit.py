@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .batch import BatchShape, PrefillChunk
+from .host import busy_processes, load_average, lscpu_model
 from .profiles import ACTIVATION_ALLOWANCE_BYTES, GpuSpec, ModelArch, SimProfile
 from .step_model import CpuStepModel
 
@@ -338,8 +339,6 @@ def _decode_key(shape: BatchShape) -> BatchShape:
 
 
 def lscpu_name() -> str:
-    from .validate import lscpu_model
-
     return lscpu_model()
 
 
@@ -356,8 +355,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples-out", help="also write the raw (shape, seconds) samples here (JSON)")
     args = p.parse_args(argv)
     dtype = serving_dtype()
-    from .validate import busy_processes, load_average
-
     busy_before, load_before = busy_processes(), load_average()
     raw = measure(args.model, LIVE_LIMITS, dtype, args.repeats, args.fit_blocks)
     pooled = median_samples((_decode_key(s), t) for s, t in raw)

@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ..workload import Job, _poisson_arrivals
+from ..workload import Job
+from ..workload_spec import _poisson_arrivals
 
 __all__ = [
     "Segment",

@@ -13,7 +13,7 @@ step. Three models share the :class:`StepModel` interface:
   live (CPU) vLLM engine, so that the simulator can be checked against the
   real thing on this machine.
 
-:func:`make_step_model` picks one by name.
+:func:`~.step_model_factory.make_step_model` picks one by name.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ __all__ = [
     "RooflineStepModel",
     "StepBreakdown",
     "StepModel",
-    "make_step_model",
     "nnls",
     "pcie_transfer_seconds",
 ]
@@ -456,24 +455,3 @@ class CpuStepModel:
 # ---------------------------------------------------------------------------
 # Factory
 # ---------------------------------------------------------------------------
-
-
-def make_step_model(kind: str, profile: SimProfile, *, cpu_fit_path: str | None = None) -> StepModel:
-    """The step model called ``kind`` for ``profile``.
-
-    ``"roofline"``: :class:`RooflineStepModel`; ``"aiconfigurator"``:
-    ``AiconfiguratorStepModel`` (needs the ``sim`` extra); ``"cpu"``: the
-    :class:`CpuStepModel` stored at ``cpu_fit_path`` (it was fitted to one
-    live engine, so ``profile`` does not change it).
-    """
-    if kind == "roofline":
-        return RooflineStepModel(profile)
-    if kind == "aiconfigurator":
-        from .aiconfigurator_model import AiconfiguratorStepModel
-
-        return AiconfiguratorStepModel(profile)
-    if kind == "cpu":
-        if not cpu_fit_path:
-            raise ValueError("step model 'cpu' needs cpu_fit_path (a CpuStepModel JSON file)")
-        return CpuStepModel.load(cpu_fit_path)
-    raise ValueError(f"unknown step model kind {kind!r}; choose one of {', '.join(STEP_MODEL_KINDS)}")

@@ -68,7 +68,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -553,9 +552,3 @@ def load_trace_dir(
         if limit is not None and len(sessions) >= limit:
             break
     return sessions, skipped
-
-
-if __name__ == "__main__":
-    from .trace_stats import main
-
-    sys.exit(main())

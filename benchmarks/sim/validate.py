@@ -34,18 +34,18 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
+from .host import busy_processes, load_average, lscpu_model
+
 __all__ = ["calibrated_jobs", "compare", "main", "overhead_adjusted", "ranking", "wait_quiet"]
 
 JCT_BOUND = 0.20
 HIT_BOUND_POINTS = 10.0
-BUSY_PATTERN = "vllm serve|aiperf|benchmarks.simulate"
 
 
 def _log(msg: str) -> None:
@@ -128,33 +128,6 @@ def compare(live: dict[str, dict[str, float]], sim: dict[str, dict[str, float]])
 # ----------------------------------------------------------------------
 # Machine
 # ----------------------------------------------------------------------
-def lscpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return platform.processor() or "unknown"
-
-
-def busy_processes(own: set[int] | None = None) -> list[str]:
-    """Other processes matching ``BUSY_PATTERN`` (read-only pgrep)."""
-    own = own or set()
-    try:
-        out = subprocess.run(["pgrep", "-af", BUSY_PATTERN], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    lines = []
-    for line in out.splitlines():
-        pid = int(line.split()[0])
-        if pid in own or pid == os.getpid() or "pgrep" in line:
-            continue
-        lines.append(line[:160])
-    return lines
-
-
 def wait_quiet(max_wait_s: float = 1200.0, poll_s: float = 30.0) -> dict[str, Any]:
     """Wait until :func:`busy_processes` is empty; returns what was seen."""
     t0 = time.time()
@@ -170,13 +143,6 @@ def wait_quiet(max_wait_s: float = 1200.0, poll_s: float = 30.0) -> dict[str, An
             return {"quiet": False, "waited_s": time.time() - t0, "seen": seen}
         _log(f"machine busy ({len(busy)} process(es): {busy[0][:80]}...); waiting")
         time.sleep(poll_s)
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
 
 
 # ----------------------------------------------------------------------
