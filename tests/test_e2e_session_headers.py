@@ -4,9 +4,13 @@ A real ``vllm serve --scheduling-policy continuum`` (the embedded
 SmolLM2-135M-Instruct) gets Anthropic ``/v1/messages`` requests the way
 Claude Code 2.1.x sends them: no plugin field, the session in the
 ``X-Claude-Code-Session-Id`` header, or only in ``metadata.user_id`` (a JSON
-string). Replies carry no tool call, so without the session id these turns
-would be chat traffic and never pinned: a pin on the first turn and a
-hand-off to the second show that the session id became the job id.
+string), with a ``Bash`` tool offered as Claude Code offers its tools.
+Replies carry no tool call, so without the session id these turns would be
+chat traffic and never pinned: a pin on the first turn and a hand-off to
+the second show that the session id became the job id. Two conversations
+under one session id (a sub-agent beside its main conversation) keep their
+own pins, and a request that offers no tool (a session title) ends at its
+answer.
 
 No check races a TTL: the cold-start TTL outlives the test on any machine.
 """
@@ -35,17 +39,25 @@ def server():
     args = [
         "--scheduling-policy", "continuum", "--block-size", "32", "--num-gpu-blocks-override", "96",
         "--kv-cache-memory-bytes", "400000000", "--max-model-len", "2048", "--max-num-seqs", "4",
-        "--enforce-eager",
+        "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
         "--additional-config", json.dumps({"continuum": {"default_ttl_s": LONG_TTL_S, "max_ttl_s": LONG_TTL_S}}),
     ]
     with VLLMServer(DEFAULT_MODEL, args, served_name="smollm2") as srv:
         yield srv
 
 
+BASH_TOOL = {"name": "Bash", "description": "Run a shell command.",
+             "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
+                              "required": ["command"]}}
+
+
 def post_messages(server, messages: list[dict], headers: dict[str, str] | None = None,
-                  metadata: dict | None = None) -> str:
-    """One greedy 12-token /v1/messages turn; returns the reply text."""
+                  metadata: dict | None = None, tools: bool = True) -> str:
+    """One greedy 12-token /v1/messages turn (the Bash tool offered unless
+    ``tools`` is False); returns the reply text."""
     body = {"model": "smollm2", "max_tokens": 12, "temperature": 0.0, "system": SYSTEM, "messages": messages}
+    if tools:
+        body["tools"] = [BASH_TOOL]
     if metadata is not None:
         body["metadata"] = metadata
     r = requests.post(server.url + "/v1/messages", json=body, headers=headers or {}, timeout=300)
@@ -92,3 +104,31 @@ def test_a_malformed_user_id_is_served_untagged_and_a_bad_header_is_a_400(server
                       headers={"X-Claude-Code-Session-Id": "x" * 300})
     assert r.status_code == 400 and "X-Claude-Code-Session-Id" in r.text, r.text
     assert server.metric("vllm_continuum:pins_created") == created  # chat traffic: never pinned
+
+
+def test_two_conversations_under_one_session_keep_their_own_pins(server):
+    # A sub-agent beside its main conversation: same session header,
+    # interleaved turns, each takes over its own pin.
+    headers = {"X-Claude-Code-Session-Id": "5d2e7f10-4b3a-4c8d-9e1f-2a3b4c5d6e7f"}
+    created, handoffs, _ = counters(server)
+    started = server.metric("vllm_continuum:session_conversations")
+    talks = {name: [{"role": "user", "content": f"{name}: " + filler(name, 40)}] for name in ("main", "sub-agent")}
+    for name, messages in talks.items():
+        messages.append({"role": "assistant", "content": post_messages(server, messages, headers=headers)})
+    assert wait_for(lambda: server.metric("vllm_continuum:pinned_jobs") >= 2)
+    assert server.metric("vllm_continuum:session_conversations") == started + 1
+    for name, messages in reversed(talks.items()):
+        messages.append({"role": "user", "content": "Tool output: " + filler(f"{name} out", 30)})
+        post_messages(server, messages, headers=headers)
+    assert wait_for(lambda: counters(server)[:2] == (created + 4, handoffs + 2)), counters(server)
+    assert server.metric("vllm_continuum:pins_released", reason="ttl") == 0
+
+
+def test_a_request_offering_no_tool_ends_at_its_answer(server):
+    # A session title: one turn, no tools, under the session's id.
+    created = server.metric("vllm_continuum:pins_created")
+    ended = server.metric("vllm_continuum:jobs_ended", reason="final_answer")
+    post_messages(server, [{"role": "user", "content": "Title for: fix add()"}], tools=False,
+                  headers={"X-Claude-Code-Session-Id": "0e9d8c7b-6a5f-4e3d-2c1b-0a9f8e7d6c5b"})
+    assert wait_for(lambda: server.metric("vllm_continuum:jobs_ended", reason="final_answer") == ended + 1)
+    assert server.metric("vllm_continuum:pins_created") == created

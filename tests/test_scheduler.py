@@ -656,6 +656,13 @@ def test_a_second_client_naming_a_job_id_cannot_take_or_end_its_pin():
     assert admitted_cached_tokens(step(s), r2) == pinned.num_blocks * BLOCK
     run_until_finished(s, [r2])
     assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] == 1
+    # The other client's non-final turn is a conversation of its own under
+    # the id (conversations): its pin is its own, and lapses at its TTL.
+    pinned_keys = [k for k in s.conversations.keys_of("victim") if k in s.pins]
+    assert len(pinned_keys) == 1 and pinned_keys[0] != "victim"
+    assert s.pins.get(pinned_keys[0]).request_id == other.request_id
+    s.clock.advance(61)
+    step(s)
     assert_all_blocks_free(s)
 
 

@@ -5,8 +5,10 @@ agent job; another client sends requests under the victim's job id (an
 explicit ``job_id`` or a session id) with a context of its own. Such a
 request must not end the victim's job, have its arrival measured as the
 victim's tool time, rank by the victim's first arrival or take the victim's
-pin: it is served as stock (counted in ``context_mismatches``). The victim's
-own turns still act on the job, with or without a pin.
+pin: it is a conversation of its own under the session id
+(``conversations``, counted in ``session_conversations``), and what it does
+acts on that conversation only. The victim's own turns still act on the
+job, with or without a pin.
 
 Real vLLM scheduler, no weights (``harness``); time is the manual clock.
 """
@@ -27,6 +29,10 @@ from harness import (
     tiny_tokens,
     usable_blocks,
 )
+
+from vllm_continuum_plugin.conversations import MAX_CONVERSATIONS
+from vllm_continuum_plugin.job_order import TIER_REST
+from vllm_continuum_plugin.request_record import request_meta
 
 EOS = 2
 HERMES_CAT = tiny_tokens('<tool_call>\n{"name": "bash", "arguments": {"command": "cat main.py"}}\n</tool_call>') + [EOS]
@@ -82,9 +88,11 @@ def test_a_foreign_last_step_does_not_end_the_victims_job(s, pinned):
     foreign(s, is_last_step=True)
     job = s.jobs.get("victim")
     assert job is not None and job.turns_finished == 1 and job.in_flight == 0
-    assert s.continuum_metrics.snapshot()["jobs_ended"]["last_step"] == 0
     assert s.pins.get("victim") is pin
-    assert s.continuum_metrics.snapshot()["context_mismatches"] == 1
+    snap = s.continuum_metrics.snapshot()
+    # What ended is the foreign request's own conversation.
+    assert snap["conversations_started"] == 1 and snap["jobs_ended"]["last_step"] == 1
+    assert s.conversations.keys_of("victim") == ["victim"]
 
 
 @pytest.mark.parametrize(
@@ -95,17 +103,20 @@ def test_a_foreign_last_step_does_not_end_the_victims_job(s, pinned):
 def test_a_foreign_finish_action_does_not_end_the_victims_job(s, hint):
     victim_first_turn(s)
     foreign(s, is_last_step=False, extra=hint)
-    assert s.jobs.get("victim") is not None
-    assert s.continuum_metrics.snapshot()["jobs_ended"]["finish_action"] == 0
-    assert "victim" in s.pins
+    assert s.jobs.get("victim") is not None and "victim" in s.pins
+    assert s.conversations.keys_of("victim") == ["victim"]  # the foreign conversation ended, not the victim's
 
 
 def test_a_foreign_final_answer_does_not_end_the_victims_job(s):
     victim_first_turn(s)  # called a tool: its next reply without one is its final answer
-    foreign(s, reply=PROSE)
+    other = foreign(s, reply=PROSE)
     job = s.jobs.get("victim")
-    assert job is not None and job.had_tool_call
+    assert job is not None and job.had_tool_call and "victim" in s.pins
     assert s.continuum_metrics.snapshot()["jobs_ended"]["final_answer"] == 0
+    # The foreign conversation has called no tool: its prose is no final
+    # answer, it is pinned under its own key.
+    (key,) = [k for k in s.conversations.keys_of("victim") if k != "victim"]
+    assert s.pins.get(key).request_id == other.request_id
 
 
 def test_a_foreign_session_id_last_step_does_not_end_the_victims_job(s):
@@ -151,18 +162,20 @@ def test_a_foreign_request_does_not_rank_by_the_victims_first_arrival(s):
     lapse_pin(s)
     other = foreign(s, finish=False)
     assert s.order.ranked_arrival(other) == other.arrival_time
-    assert not s.order.has_credit(other)
+    # It ranks as the first turn of a job of its own, which holds no pin.
+    assert request_meta(other).job_id != "victim" and s.order.queue_key(other)[0] == TIER_REST
     run_until_finished(s, [other])
 
 
-def test_a_foreign_request_is_served_as_stock_and_logged(s, caplog):
+def test_a_foreign_request_is_a_conversation_of_its_own_and_logged(s, caplog):
     victim_first_turn(s)
     with caplog.at_level(logging.DEBUG, logger="vllm.continuum_plugin"):
         other = foreign(s, is_last_step=False)
-    assert "does not continue its context" in caplog.text
+    assert "conversation victim#1 starts beside 1 others" in caplog.text
     assert other.num_computed_tokens > 0  # it was served
-    assert s.continuum_metrics.snapshot()["context_mismatches"] == 1
-    assert s.pins.get("victim").request_id != other.request_id  # and kept nothing for the job
+    snap = s.continuum_metrics.snapshot()
+    assert snap["conversations_started"] == 1 and snap["context_mismatches"] == 0
+    assert s.pins.get("victim").request_id != other.request_id  # and kept nothing for the victim's job
 
 
 @pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pin_lapsed"])
@@ -179,28 +192,36 @@ def test_the_victims_own_next_turn_still_acts_on_its_job(s, pinned):
     assert not s.running and len(s.pins) == 0 and free_blocks(s) == usable_blocks(s)
 
 
-def test_overlapping_branches_of_one_job_each_keep_acting_on_it(s):
-    # Two branches of one job (sub-agents under one session id): each next
-    # turn continues its own branch, not the other's pin.
+def test_overlapping_branches_of_one_job_are_conversations_that_each_keep_their_pin(s):
+    # Two branches of one job id (sub-agents under one session id): each
+    # next turn continues its own branch and takes over its own pin.
     a = make_request(prompt_of(21, 100), max_tokens=4, job_id="multi", is_last_step=False)
     b = make_request(prompt_of(22, 100), max_tokens=4, job_id="multi", is_last_step=False)
     s.add_request(a)
     s.add_request(b)
     run_until_finished(s, [a, b])
+    keys = s.conversations.keys_of("multi")
+    assert len(keys) == 2 and all(k in s.pins for k in keys)
     for branch in (a, b):
         nxt = make_request(list(branch.all_token_ids) + prompt_of(23, 10), max_tokens=4, job_id="multi",
                            is_last_step=False)
         s.add_request(nxt)
         run_until_finished(s, [nxt])
-    assert s.jobs.get("multi").turns_finished == 4
-    assert s.continuum_metrics.snapshot()["context_mismatches"] == 0
+    assert [s.jobs.get(k).turns_finished for k in keys] == [2, 2]
+    snap = s.continuum_metrics.snapshot()
+    assert snap["pins_released"]["handoff"] == 2 and snap["context_mismatches"] == 0
 
 
-def test_a_job_idle_past_the_reset_is_bound_again_by_its_next_request(s):
-    victim_first_turn(s)
-    s.clock.advance(400.0)  # past job_idle_reset_s (300 s): a new activity period
-    step(s)
-    again = foreign(s, is_last_step=True)
-    assert again.num_computed_tokens > 0
-    assert s.jobs.get("victim") is None  # the id's new user ended it
-    assert s.continuum_metrics.snapshot()["context_mismatches"] == 0
+def test_foreign_requests_cannot_push_a_pinned_conversation_out_of_its_session(s):
+    prompt, first = victim_first_turn(s)
+    for i in range(MAX_CONVERSATIONS + 3):  # more than a session holds: idle ones make room
+        r = scripted(make_request(prompt_of(80 + i, 100), max_tokens=4, job_id="victim", is_last_step=False),
+                     HERMES_CAT)
+        s.add_request(r)
+        run_until_finished(s, [r])
+    assert "victim" in s.conversations.keys_of("victim") and len(s.conversations.keys_of("victim")) <= MAX_CONVERSATIONS
+    nxt = make_request(victim_next_prompt(prompt, first), max_tokens=4, job_id="victim", is_last_step=True)
+    s.add_request(nxt)
+    run_until_finished(s, [nxt])
+    assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] >= 1
+    assert s.jobs.get("victim") is None  # its own last step ended it

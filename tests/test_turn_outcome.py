@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -80,6 +81,8 @@ CASES = [
     ("finish action", explicit(FINISH), ON, 5.0, K.END_JOB, R.FINISH_ACTION),
     ("finish action, pinning off", explicit(FINISH), NO_PINNING, 5.0, K.END_JOB, R.FINISH_ACTION),
     ("final answer after tool calls", explicit(PROSE, had_tool_call=True), ON, 5.0, K.END_JOB, R.FINAL_ANSWER),
+    ("prose to a request that offered no tools (a title, a chat turn)", explicit(PROSE, tools_offered=False), ON,
+     5.0, K.END_JOB, R.FINAL_ANSWER),
     ("implicit job's reply without a call", FinishedTurn(job_id=IMPLICIT, implicit_job=True, reply=PROSE_UNREAD),
      ON, 5.0, K.END_JOB, R.FINAL_ANSWER),
     ("implicit job's last step", FinishedTurn(job_id=IMPLICIT, implicit_job=True, is_last_step=True, reply=TOOL),
@@ -102,6 +105,12 @@ CASES = [
     ("prose, client flags its own end", explicit(PROSE, is_last_step=False, had_tool_call=True), ON, 5.0,
      K.PIN, R.TTL),
     ("prose, replies cannot be read", explicit(PROSE_UNREAD, had_tool_call=True), ON, 5.0, K.PIN, R.TTL),
+    ("prose to a request that offered tools, none called yet", explicit(PROSE, tools_offered=True), ON, 5.0,
+     K.PIN, R.TTL),
+    ("prose without tools offered, client flags its own end", explicit(PROSE, tools_offered=False,
+                                                                        is_last_step=False), ON, 5.0, K.PIN, R.TTL),
+    ("prose without tools offered, replies cannot be read", explicit(PROSE_UNREAD, tools_offered=False), ON, 5.0,
+     K.PIN, R.TTL),
     ("tool call of the implicit job", FinishedTurn(job_id=IMPLICIT, implicit_job=True, reply=TOOL), ON, 5.0,
      K.PIN, R.TTL),
 ]
@@ -194,6 +203,8 @@ def test_the_rules_import_without_vllm():
         "            raise ImportError('vllm is blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import vllm_continuum_plugin.turn_outcome, vllm_continuum_plugin.request_record\n"
-        "import vllm_continuum_plugin.job_context\n"
+        "import vllm_continuum_plugin.conversations\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    # From an empty directory: the installed package, not a source tree's.
+    with tempfile.TemporaryDirectory() as empty:
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=empty)

@@ -17,6 +17,10 @@ request -- reads ``X-Session-ID``): when vLLM finds no session id and no
 (``session_ids``); ``patch_anthropic_messages`` carries ``metadata.user_id``
 over to the converted chat request, which would otherwise drop it.
 
+The same wrapper also records whether the request offered the model any
+tool (``metadata.TOOLS_OFFERED``; a reply without a tool call to a request
+that offered none is its conversation's final answer).
+
 The same ``_get_session_id`` wrapper, the one hook that sees the HTTP request
 (``raw_request``) of every generate endpoint, also settles the request's
 client scope (``estimators.scopes``, docs/scoped-learning.md) and writes it
@@ -46,6 +50,7 @@ from .metadata import (
     METADATA_FIELDS,
     SCOPE,
     SCOPE_HEADER,
+    TOOLS_OFFERED,
     MetadataError,
     is_key_scope,
     key_scope,
@@ -138,6 +143,7 @@ def patch_session_lookup(cls: type) -> None:
         value = lookup(request, raw_request)
         try:
             _set_client_scope(request, raw_request)
+            _set_tools_offered(request, raw_request)
         except MetadataError as e:
             raise _validation_error(e) from None
         if _names_job_id(request):
@@ -181,6 +187,19 @@ def _set_client_scope(request: Any, raw_request: Any) -> None:
         params.extra_args = {**extra_args, SCOPE: scope}
     elif SCOPE in extra_args:
         params.extra_args = {k: v for k, v in extra_args.items() if k != SCOPE} or None
+
+
+def _set_tools_offered(request: Any, raw_request: Any) -> None:
+    """Write whether ``request`` offered the model any tool (``TOOLS_OFFERED``)
+    into its SamplingParams' ``extra_args``: on a plugin server, for an
+    endpoint whose requests carry ``tools`` (chat, responses, and
+    ``/v1/messages`` through its chat request). The server's answer
+    replaces any value a client put there."""
+    params = getattr(request, _PARAMS_ATTR, None)
+    if params is None or not hasattr(request, "tools") or session_headers_for(raw_request) is None:
+        return
+    offered = bool(getattr(request, "tools", None)) and getattr(request, "tool_choice", None) != "none"
+    params.extra_args = {**(getattr(params, "extra_args", None) or {}), TOOLS_OFFERED: offered}
 
 
 def client_scope(raw_request: Any, named: Any) -> str:

@@ -55,6 +55,7 @@ __all__ = [
     "METADATA_FIELDS",
     "SCOPE",
     "SCOPE_HEADER",
+    "TOOLS_OFFERED",
     "is_key_scope",
     "key_scope",
     "kv_hint_fields",
@@ -69,6 +70,10 @@ TOOL_NAME = "tool_name"
 TOOL_COMMAND = "tool_command"
 EXPECTED_TOOL_SECONDS = "expected_tool_seconds"
 SCOPE = "continuum_scope"
+# Set by the API server (not a client field): did the request offer the
+# model any tool (``tools`` given, ``tool_choice`` not "none")? Absent where
+# the endpoint has no tools (completions) or the engine is driven directly.
+TOOLS_OFFERED = "continuum_tools_offered"
 METADATA_FIELDS = (JOB_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS, SCOPE)
 # The header a client may name its scope with (when no API key decides it).
 SCOPE_HEADER = "X-Continuum-Scope"
@@ -110,6 +115,10 @@ class JobMetadata:
     # The client scope (module doc): whose learned state the turn teaches
     # and reads. Also set for requests without a job id.
     scope: str = DEFAULT_SCOPE
+    # Did the request offer the model tools (``TOOLS_OFFERED``)? None: not
+    # known. A reply without a tool call to a request that offered none
+    # waits on a person, not a tool: it is the conversation's final answer.
+    tools_offered: bool | None = None
 
 
 UNTAGGED = JobMetadata()
@@ -255,4 +264,5 @@ def parse_metadata(
         tool_command=_parse_optional_str(args.get(TOOL_COMMAND), TOOL_COMMAND, MAX_TOOL_COMMAND_CHARS),
         expected_tool_seconds=_parse_seconds(args.get(EXPECTED_TOOL_SECONDS)),
         scope=parse_scope(args.get(SCOPE)),
+        tools_offered=None if args.get(TOOLS_OFFERED) is None else parse_bool(args[TOOLS_OFFERED], TOOLS_OFFERED),
     )

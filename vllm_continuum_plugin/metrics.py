@@ -97,9 +97,12 @@ class EngineMetrics:
         self.implicit_turns = dict.fromkeys(IMPLICIT_EVENTS, 0)
         # New jobs' first turns the admission gate holds back now.
         self.admission_held = 0
-        # Requests that named a job without continuing its context (served
-        # as stock: they did not act on the job, see job_context).
+        # Requests that named a session whose conversations were all busy
+        # without continuing one (served as stock, see conversations).
         self.context_mismatches = 0
+        # Conversations started under a session id that already had one
+        # (sub-agents, side requests, branches, another client's requests).
+        self.conversations_started = 0
         self._dirty = True
         self._path: str | None = None
         directory = os.environ.get(METRICS_DIR_ENV)
@@ -177,6 +180,11 @@ class EngineMetrics:
             self.context_mismatches += 1
             self._dirty = True
 
+    def on_new_conversation(self) -> None:
+        with self._lock:
+            self.conversations_started += 1
+            self._dirty = True
+
     def on_tool_time(self, seconds: float, predicted_s: float | None = None) -> None:
         with self._lock:
             self.tool_seconds.observe(seconds)
@@ -206,6 +214,7 @@ class EngineMetrics:
                 "implicit_turns": dict(self.implicit_turns),
                 "admission_held": self.admission_held,
                 "context_mismatches": self.context_mismatches,
+                "conversations_started": self.conversations_started,
             }
 
     def flush(self) -> None:
@@ -363,12 +372,19 @@ class SnapshotCollector:
         )
         mismatches = CounterMetricFamily(
             PREFIX + "context_mismatches",
-            "Requests that named a job without continuing its context (served as stock, the job untouched).",
+            "Requests that named a session none of whose conversations they continue, while all of them were "
+            "busy (served as stock, the session untouched).",
+            labels=labels,
+        )
+        conversations = CounterMetricFamily(
+            PREFIX + "session_conversations",
+            "Conversations started under a session id that already had one (sub-agents, side requests, branches).",
             labels=labels,
         )
         for snap in self._snapshots():
             values = [snap.get("engine", "0"), snap.get("policy", "")]
             mismatches.add_metric(values, snap.get("context_mismatches", 0))
+            conversations.add_metric(values, snap.get("conversations_started", 0))
             held.add_metric(values, snap.get("admission_held", 0))
             pinned.add_metric(values, snap["pinned_blocks"])
             jobs.add_metric(values, snap["pinned_jobs"])
@@ -399,4 +415,5 @@ class SnapshotCollector:
         return [
             pinned, jobs, created, released, hits, trimmed, ttl, tool, decisions, error, fast, ended, implicit, held,
             mismatches,
+            conversations,
         ]

@@ -33,7 +33,7 @@ from typing import Any
 from .clock import Clock
 from .metrics import EngineMetrics
 from .offload_backend import OffloadBackend
-from .job_context import prompt_anchor
+from .conversations import prompt_anchor
 from .pin_table import Pin, PinTable, continues
 
 logger = logging.getLogger("vllm.continuum_plugin")

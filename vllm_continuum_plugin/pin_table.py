@@ -27,7 +27,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from .job_context import Anchor, anchor_continued
+from .conversations import Anchor, anchor_continued
 
 __all__ = ["Pin", "PinTable", "continues"]
 

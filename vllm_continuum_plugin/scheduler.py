@@ -3,10 +3,11 @@
 The mixin overrides a handful of methods and leaves vLLM's scheduling loop,
 block manager and kernels untouched:
 
-* ``add_request`` -- parses job metadata (``request_record``). A request
-  that names a job acts on it only if it continues the job's context (its
-  pin or a recent turn's prompt, :class:`~.job_context.JobContexts`); any
-  other is served as stock. An untagged request whose prompt continues a
+* ``add_request`` -- parses job metadata (``request_record``). A job id
+  names a session of up to several conversations (sub-agents, side
+  requests): a request acts on the one whose context it continues (its pin
+  or a recent turn's prompt), or starts a new one
+  (:class:`~.conversations.Conversations`); never on another's. An untagged request whose prompt continues a
   finished agent turn is that implicit job's next turn (``implicit_jobs``).
   Measures tool time and queues the request in the job-aware
   ``ContinuumRequestQueue``.
@@ -90,7 +91,7 @@ from .estimators.prefill import PrefillCostModel, PrefillTimer
 from .estimators.round_trip import RoundTripOverhead
 from .estimators.ttl import ScopedToolHistory, TTLPolicy, make_ttl_policy
 from .implicit_jobs import ImplicitJobIndex, has_token_prompt, is_implicit_job
-from .job_context import JobContexts
+from .conversations import Conversations
 from .job_queue import ContinuumRequestQueue, WaitingTurns
 from .job_order import JobOrder
 from .metadata import JobMetadata
@@ -151,10 +152,13 @@ class ContinuumSchedulerMixin:
         cfg = self.continuum_config
 
         self.jobs = JobTracker(cfg.max_jobs, cfg.job_idle_reset_s)
-        # A request acts on a job only if it continues the job's context.
-        self.contexts = JobContexts(
-            self.block_size, cfg.max_jobs, cfg.job_idle_reset_s,
+        # A job id names a session's conversations: a request acts on the
+        # one whose context it continues.
+        self.conversations = Conversations(
+            self.block_size, cfg.max_jobs,
             on_mismatch=lambda: self.continuum_metrics.on_context_mismatch(),
+            on_new_conversation=lambda: self.continuum_metrics.on_new_conversation(),
+            on_evict=self._forget_idle_job,
         )
         # Learned per client scope (estimators.scopes): one client's traffic
         # never retunes another's TTLs.
@@ -274,6 +278,13 @@ class ContinuumSchedulerMixin:
         it or jump the queue on it."""
         return self.pins.held_for(request_meta(request).job_id, request.block_hashes) is not None
 
+    def _forget_idle_job(self, key: str) -> None:
+        """A conversation was forgotten to make room: its job state goes
+        too (unless a turn is in flight), so a key used again starts afresh."""
+        job = self.jobs.get(key)
+        if job is not None and job.in_flight == 0:
+            self.jobs.forget(key)
+
     def _has_waiting_turn(self, job_id: str) -> bool:
         """A waiting request continues the job's pin (keep it past its deadline)."""
         return any(self._continues_pin(r) for r in self._waiting_turns.of(job_id))
@@ -291,10 +302,9 @@ class ContinuumSchedulerMixin:
     def add_request(self, request: Request) -> None:
         if request.request_id not in self.requests:
             meta = parse_request_metadata(request)
-            if meta.job_id is not None:  # acts on the job only if it continues its context
-                job_id = meta.job_id
-                meta = self.contexts.bind(
-                    request, meta, self.jobs.get(job_id), self.pins.continued_by(job_id, request.block_hashes)
+            if meta.job_id is not None:  # the session's conversation it continues
+                meta = self.conversations.resolve(
+                    request, meta, self.jobs.get, lambda key: self.pins.continued_by(key, request.block_hashes)
                 )
             elif self.implicit_jobs is not None and has_token_prompt(request):
                 meta = self._match_implicit_job(request, meta)
@@ -468,7 +478,6 @@ class ContinuumSchedulerMixin:
             job.last_context_tokens = request.num_tokens
         if self.implicit_jobs is not None and is_implicit_job(job_id):
             self.implicit_jobs.register_request(job_id, request, self.replies.decode, stop_token_ids(request))
-        self.contexts.remember(job_id, request, first=job is None or job.turns_finished == 1)
         if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
@@ -519,7 +528,7 @@ class ContinuumSchedulerMixin:
             if normal and job is not None:
                 self.turn_correlation.add_job(job.turns_finished)
             self.jobs.forget(job_id)
-            self.contexts.forget(job_id)
+            self.conversations.forget(job_id)
             self.continuum_metrics.on_job_end(outcome.reason.value)
         if self.admission is not None:
             self.admission.on_job_end(job_id)

@@ -53,6 +53,7 @@ class TurnReader:
             is_last_step=meta.is_last_step,
             implicit_job=is_implicit_job(job_id),
             had_tool_call=job is not None and job.had_tool_call,
+            tools_offered=meta.tools_offered,
             token_prompt=has_token_prompt(request),
             pin=(PinRelation.NONE if continues_pin is None
                  else PinRelation.CONTINUED if continues_pin else PinRelation.OTHER_CONTEXT),

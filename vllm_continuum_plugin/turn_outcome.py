@@ -154,6 +154,9 @@ class FinishedTurn:
     implicit_job: bool = False
     # Some earlier finished turn of the job called a tool.
     had_tool_call: bool = False
+    # The request offered the model tools (the API server says; None: not
+    # known, e.g. /v1/completions or the engine driven directly).
+    tools_offered: bool | None = None
     # The prompt is token ids (not embeddings): implicit jobs match by them.
     token_prompt: bool = True
     # The job's pin and this turn (the hand-over test of ``PinManager.held_for``).
@@ -268,11 +271,15 @@ def decide_turn(turn: FinishedTurn, rules: TurnRules) -> TurnOutcome:
 def _is_final_answer(turn: FinishedTurn, reply: TurnReply) -> bool:
     """A normally finished reply without a tool call: does it end its job?
     An implicit job's always does (it exists only because of tool calls).
-    An explicit job's does when an earlier turn of it called a tool, the
-    reply was actually read ("no tool call" is then known, not assumed),
-    and the client did not send ``is_last_step`` (an explicit ``false``
-    keeps the answer pinned while its user reads it). A job forgotten (ended,
-    evicted) and started again under the same id has had no tool call yet."""
+    An explicit job's does when the reply was actually read ("no tool call"
+    is then known, not assumed), the client did not send ``is_last_step``
+    (an explicit ``false`` keeps the answer pinned while its user reads
+    it), and either an earlier turn of the job called a tool or the request
+    offered the model no tool at all (a session title, a summary, a chat
+    turn: what comes next waits on a person, not on a tool). A job
+    forgotten (ended, evicted) and started again under the same id has had
+    no tool call yet."""
     if turn.implicit_job:
         return True
-    return turn.is_last_step is None and reply.readable and turn.had_tool_call
+    return (turn.is_last_step is None and reply.readable
+            and (turn.had_tool_call or turn.tools_offered is False))

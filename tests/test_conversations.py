@@ -1,0 +1,187 @@
+"""Conversations of a session id, as pure logic (``conversations``).
+
+Requests are stand-ins with the three fields the module reads (request id,
+prompt length, block hashes); job state and pins are plain dicts. The
+scheduler-level behaviour (pins, job ends, sub-agents on a real vLLM
+scheduler) is in tests/test_threat_job_binding.py and
+tests/test_sub_agents.py.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_continuum_plugin.conversations import (
+    MAX_ANCHORS,
+    Conversations,
+    conversation_key,
+    session_of,
+    shown,
+)
+from vllm_continuum_plugin.estimators.history import JobState
+from vllm_continuum_plugin.metadata import JobMetadata, parse_job_id
+from vllm_continuum_plugin.request_record import peek_record
+
+BLOCK = 4
+_ids = iter(range(10**9))
+
+
+def request(hashes: list[str], tokens: int | None = None) -> SimpleNamespace:
+    return SimpleNamespace(request_id=f"r{next(_ids)}", block_hashes=list(hashes),
+                           num_prompt_tokens=tokens if tokens is not None else BLOCK * len(hashes))
+
+
+def extend(r: SimpleNamespace, *more: str) -> SimpleNamespace:
+    """The next turn of ``r``'s conversation (its prompt + reply + more)."""
+    return request(r.block_hashes + list(more))
+
+
+class World:
+    """Job states and pins, as the scheduler would keep them."""
+
+    def __init__(self, max_jobs: int = 100, max_conversations: int = 3) -> None:
+        self.jobs: dict[str, JobState] = {}
+        self.pins: dict[str, list[str]] = {}  # key -> the pinned block hashes
+        self.mismatches = 0
+        self.new = 0
+        self.evicted: list[str] = []
+        self.c = Conversations(
+            BLOCK, max_jobs, max_conversations,
+            on_mismatch=self._mismatch, on_new_conversation=self._new, on_evict=self.evicted.append,
+        )
+
+    def _mismatch(self) -> None:
+        self.mismatches += 1
+
+    def _new(self) -> None:
+        self.new += 1
+
+    def send(self, session: str, r: SimpleNamespace) -> str | None:
+        """The key ``r`` acts on (None: served as stock)."""
+        def continues_pin(key: str) -> bool | None:
+            pinned = self.pins.get(key)
+            return None if pinned is None else r.block_hashes[:len(pinned)] == pinned
+
+        meta = self.c.resolve(r, JobMetadata(job_id=session), self.jobs.get, continues_pin)
+        return meta.job_id
+
+
+def test_a_sessions_first_conversation_keeps_the_session_id_and_its_turns_stay_on_it():
+    w = World()
+    first = request(["s", "a1"])
+    assert w.send("sess", first) == "sess"
+    assert w.send("sess", extend(first, "a2")) == "sess"
+    assert w.new == 0 and w.mismatches == 0
+
+
+def test_a_second_conversation_under_the_session_gets_its_own_key_and_keeps_it():
+    w = World()
+    main = request(["s", "main"])
+    sub = request(["s", "sub"])  # same system prompt block, then its own task
+    assert w.send("sess", main) == "sess"
+    sub_key = w.send("sess", sub)
+    assert sub_key == conversation_key("sess", 1) != "sess" and session_of(sub_key) == "sess"
+    # Each next turn continues its own conversation, in any order.
+    assert w.send("sess", extend(sub, "sub2")) == sub_key
+    assert w.send("sess", extend(main, "main2")) == "sess"
+    assert w.new == 1 and w.c.keys_of("sess") == [sub_key, "sess"]
+
+
+def test_concurrent_first_turns_with_different_prompts_are_different_conversations():
+    # Neither has finished: nothing but the in-flight prompts to tell them apart.
+    w = World()
+    title = request(["title-system", "title-ask"])
+    main = request(["agent-system", "task"])
+    assert w.send("oc", title) == "oc"
+    assert w.send("oc", main) == conversation_key("oc", 1)
+    # A retry of the in-flight title is the same conversation.
+    assert w.send("oc", request(["title-system", "title-ask"])) == "oc"
+
+
+def test_a_pin_is_continued_even_past_the_remembered_prompts():
+    w = World()
+    first = request(["p", "q"])
+    key = w.send("sess", first)
+    w.pins[key] = ["p", "q", "reply"]
+    # Anchors are full-block prompts; the pin holds the reply's block too.
+    assert w.send("sess", request(["p", "q", "reply", "next"])) == key
+
+
+@pytest.mark.parametrize("turns, fork_joins", [(MAX_ANCHORS, True), (MAX_ANCHORS + 1, False)])
+def test_only_the_last_few_prompts_of_a_conversation_are_remembered(turns, fork_joins):
+    w = World()
+    last = request(["root", "a"])
+    key = w.send("sess", last)
+    for i in range(1, turns):
+        last = extend(last, f"t{i}")
+        assert w.send("sess", last) == key
+    # A fork from the first turn's prompt continues only that prompt: it
+    # joins while the prompt is remembered, else it is a new conversation.
+    fork = request(["root", "a", "fork"])
+    assert (w.send("sess", fork) == key) is fork_joins
+
+
+def test_a_full_session_makes_room_from_an_idle_conversation_without_a_pin():
+    w = World(max_conversations=2)
+    a, b = request(["a"]), request(["b"])
+    ka, kb = w.send("sess", a), w.send("sess", b)
+    w.jobs[ka] = JobState(ka, first_arrival=0.0, in_flight=0)
+    w.jobs[kb] = JobState(kb, first_arrival=0.0, in_flight=0)
+    w.pins[kb] = ["b"]
+    kc = w.send("sess", request(["c"]))
+    assert kc is not None and w.evicted == [ka]  # a: idle, unpinned, least recently used
+    assert sorted(w.c.keys_of("sess")) == sorted([kb, kc])
+    assert kc == ka == "sess"  # the session id was a's: free again, the new one takes it
+
+
+def test_a_full_session_of_busy_conversations_serves_a_stranger_as_stock():
+    w = World(max_conversations=2)
+    for name in ("a", "b"):
+        key = w.send("sess", request([name]))
+        w.jobs[key] = JobState(key, first_arrival=0.0, in_flight=1)
+    stranger = request(["z"])
+    assert w.send("sess", stranger) is None
+    assert w.mismatches == 1 and peek_record(stranger).unbound_job_id == "sess"
+    assert len(w.c.keys_of("sess")) == 2
+
+
+def test_an_ended_conversation_frees_its_key_and_an_empty_session_is_forgotten():
+    w = World()
+    main, sub = request(["m"]), request(["s"])
+    assert w.send("sess", main) == "sess"
+    sub_key = w.send("sess", sub)
+    w.c.forget("sess")
+    assert w.c.keys_of("sess") == [sub_key]
+    assert w.send("sess", request(["n"])) == "sess"  # the session id is free again
+    w.c.forget("sess")
+    w.c.forget(sub_key)
+    assert w.c.keys_of("sess") == [] and len(w.c) == 0
+
+
+def test_conversations_are_bounded_in_all_and_the_least_recent_sessions_go_first():
+    w = World(max_jobs=4, max_conversations=2)
+    for i in range(4):
+        w.send(f"s{i}", request([f"x{i}"]))
+    assert len(w.c) == 4 and w.evicted == []
+    w.send("s4", request(["x4"]))
+    assert len(w.c) == 4 and w.evicted == ["s0"]
+    w.send("s1", request(["y1"]))  # s1 grows: the least recent session now is s2
+    assert len(w.c) == 4 and w.evicted == ["s0", "s2"]
+
+
+def test_no_client_can_name_another_sessions_conversation():
+    key = conversation_key("sess", 3)
+    with pytest.raises(ValueError, match="printable"):
+        parse_job_id(key)
+    assert shown(key) == "sess#3" and shown("sess") == "sess"
+    with pytest.raises(ValueError, match="-1"):
+        conversation_key("sess", -1)
+
+
+def test_a_prompt_shorter_than_a_block_has_nothing_to_compare_and_joins_the_conversation():
+    w = World()
+    short = request([], tokens=BLOCK - 1)
+    assert w.send("sess", short) == "sess"
+    assert w.send("sess", request(["anything"])) == "sess"

@@ -1,0 +1,278 @@
+"""The conversations of a job id: which job state a request acts on.
+
+A job id is a name any client can send (``job_id``, ``X-Session-ID``, a
+harness's session header), and one session often carries several
+conversations at once: a coding agent's sub-agents (Claude Code's ``Task``,
+Codex sub-agents) share their session id with the main conversation, and
+harnesses send one-turn side requests (a session title, a summary) under it.
+So a session id names up to ``max_conversations`` *conversations*, each a job
+of its own: its own pin, tool-time measurement, queue order, soft-pin rank
+and end. A request acts on the conversation whose context it continues,
+decided by prefix as implicit jobs are:
+
+1. a conversation whose pin the request continues, or the prompt of one of
+   its last ``MAX_ANCHORS`` turns (in flight or finished), in most recently
+   used order: that one;
+2. else a new conversation of the session. The session's first keeps the
+   session id as its job key; later ones get ``conversation_key(session,
+   n)``, which no client can name (the separator is not printable, and job
+   ids must be);
+3. when the session already has ``max_conversations``: the least recently
+   used one with nothing in flight and no pin is forgotten to make room;
+   when every one is busy, the request is served as stock (untagged, with a
+   DEBUG line and the ``context_mismatches`` counter).
+
+This is what keeps a job id from being a bearer token: a request under
+another client's id that does not continue its context becomes a
+conversation of its own. It cannot end the victim's job, have its arrival
+measured as the victim's tool time, rank by the victim's first arrival or
+take the victim's pin.
+
+What a turn's prompt is compared by is its *anchor*: the index and hash of
+its prompt's last full block (block hashes chain, so one equal hash means an
+equal prefix: O(1) per anchor). A prompt shorter than one block has no
+anchor (None) and is continued by anything.
+
+Invariants: at most ``max_jobs`` conversations in all (the sessions used
+least recently go first), ``max_conversations`` per session and
+``MAX_ANCHORS`` anchors per conversation are remembered; a conversation's key
+is never another session's; a conversation whose job ends is forgotten (its
+key is free again), and one forgotten to make room has its job state
+forgotten too (``on_evict``), so a key used again starts a fresh job.
+Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .estimators.history import JobState
+from .metadata import JobMetadata
+from .request_record import request_record
+
+logger = logging.getLogger("vllm.continuum_plugin")
+
+__all__ = [
+    "MAX_ANCHORS",
+    "MAX_CONVERSATIONS",
+    "Anchor",
+    "Conversations",
+    "anchor_continued",
+    "conversation_key",
+    "prompt_anchor",
+    "session_of",
+]
+
+# Recent turns' prompts remembered per conversation: a retry or an
+# overlapping turn of the same conversation continues one of them.
+MAX_ANCHORS = 4
+# Conversations per session id: a main conversation, its sub-agents running
+# at once, a side request or two.
+MAX_CONVERSATIONS = 8
+# Between a session id and a conversation's number. Not printable: no job id
+# a client sends can contain it (metadata.parse_job_id), so no client can
+# name another session's conversation.
+SEPARATOR = "\x1f"
+
+# (index, hash) of a prompt's last full block.
+Anchor = tuple[int, Any]
+
+
+def prompt_anchor(request: Any, block_size: int) -> Anchor | None:
+    """(index, hash) of the last full block of ``request``'s prompt; None
+    when the prompt is shorter than one block."""
+    index = min(request.num_prompt_tokens // block_size, len(request.block_hashes)) - 1
+    return (index, request.block_hashes[index]) if index >= 0 else None
+
+
+def anchor_continued(anchor: Anchor | None, block_hashes: Sequence[Any]) -> bool:
+    """Does a request with these block hashes continue the prompt ``anchor``
+    was taken from (None: nothing to compare, so yes)?"""
+    if anchor is None:
+        return True
+    index, block_hash = anchor
+    return index < len(block_hashes) and block_hashes[index] == block_hash
+
+
+def conversation_key(session: str, number: int) -> str:
+    """The job key of conversation ``number`` (0: the first) of ``session``."""
+    if number < 0:
+        raise ValueError(f"a conversation number is >= 0, got {number}")
+    return session if number == 0 else f"{session}{SEPARATOR}{number}"
+
+
+def session_of(key: str) -> str:
+    """The session id a conversation's job key belongs to."""
+    return key.split(SEPARATOR, 1)[0]
+
+
+def shown(key: str) -> str:
+    """A conversation's key for a log line: ``session#n``."""
+    session, _, number = key.partition(SEPARATOR)
+    return f"{session}#{number}" if number else session
+
+
+@dataclass
+class _Conversation:
+    key: str
+    # Anchors of its recent turns' prompts, oldest first.
+    anchors: list[Anchor | None] = field(default_factory=list)
+
+    def continued_by(self, block_hashes: Sequence[Any]) -> bool:
+        return any(anchor_continued(anchor, block_hashes) for anchor in self.anchors)
+
+    def add(self, anchor: Anchor | None) -> None:
+        if anchor in self.anchors:
+            self.anchors.remove(anchor)
+        self.anchors.append(anchor)
+        del self.anchors[:-MAX_ANCHORS]
+
+
+@dataclass
+class _Session:
+    # key -> conversation, least recently used first.
+    conversations: OrderedDict[str, _Conversation] = field(default_factory=OrderedDict)
+    # The number the next new conversation gets (0 is the session id itself).
+    next_number: int = 1
+
+
+class Conversations:
+    """The conversations of each session id (see module doc)."""
+
+    def __init__(
+        self,
+        block_size: int,
+        max_jobs: int,
+        max_conversations: int = MAX_CONVERSATIONS,
+        on_mismatch: Callable[[], None] = lambda: None,
+        on_new_conversation: Callable[[], None] = lambda: None,
+        on_evict: Callable[[str], None] = lambda key: None,
+    ) -> None:
+        if max_jobs < 1:
+            raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
+        if max_conversations < 1:
+            raise ValueError(f"max_conversations must be >= 1, got {max_conversations}")
+        self._block_size = block_size
+        self._max_jobs = max_jobs
+        self._max_conversations = max_conversations
+        # Conversations remembered, over all sessions.
+        self._count = 0
+        # Called with the key of a conversation forgotten to make room (its
+        # job state goes too: the key may be used again).
+        self._on_evict = on_evict
+        # Called for a request served as stock because every conversation of
+        # its session is busy (a counter).
+        self._on_mismatch = on_mismatch
+        # Called when a session gets a conversation besides its first.
+        self._on_new_conversation = on_new_conversation
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Conversations remembered, over all sessions."""
+        return self._count
+
+    def keys_of(self, session: str) -> list[str]:
+        """The job keys of ``session``'s live conversations, least recently
+        used first."""
+        entry = self._sessions.get(session)
+        return list(entry.conversations) if entry is not None else []
+
+    def resolve(
+        self,
+        request: Any,
+        meta: JobMetadata,
+        job_of: Callable[[str], JobState | None],
+        continues_pin: Callable[[str], bool | None],
+    ) -> JobMetadata:
+        """``meta`` with ``job_id`` set to the key of the conversation
+        ``request`` acts on; without a job when every conversation of its
+        session is busy (served as stock, its record keeps the name in
+        ``unbound_job_id``). ``job_of`` gives a key's job state,
+        ``continues_pin(key)`` whether ``request`` continues the key's pin
+        (None: it holds none)."""
+        session_id = meta.job_id
+        assert session_id is not None
+        anchor = prompt_anchor(request, self._block_size)
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = _Session()
+        self._sessions.move_to_end(session_id)
+        key = self._continued(session, request.block_hashes, continues_pin)
+        if key is None:
+            key = self._start(session_id, session, job_of, continues_pin)
+            if key is None:
+                request_record(request).unbound_job_id = session_id
+                self._on_mismatch()
+                logger.debug("continuum: request %s names session %s, whose %d conversations are all busy, and "
+                             "continues none of them; served as stock",
+                             request.request_id, session_id, len(session.conversations))
+                return dataclasses.replace(meta, job_id=None)
+        conversation = session.conversations[key]
+        session.conversations.move_to_end(key)
+        conversation.add(anchor)
+        self._evict_sessions()
+        return meta if key == session_id else dataclasses.replace(meta, job_id=key)
+
+    def _continued(
+        self, session: _Session, block_hashes: Sequence[Any], continues_pin: Callable[[str], bool | None],
+    ) -> str | None:
+        """The most recently used conversation ``block_hashes`` continue."""
+        for key in reversed(session.conversations):
+            if continues_pin(key) or session.conversations[key].continued_by(block_hashes):
+                return key
+        return None
+
+    def _start(
+        self, session_id: str, session: _Session, job_of: Callable[[str], JobState | None],
+        continues_pin: Callable[[str], bool | None],
+    ) -> str | None:
+        """A new conversation's key (room made if needed), or None."""
+        conversations = session.conversations
+        if len(conversations) >= self._max_conversations:
+            idle = next((k for k in conversations if _idle(job_of(k)) and continues_pin(k) is None), None)
+            if idle is None:
+                return None
+            del conversations[idle]
+            self._count -= 1
+            self._on_evict(idle)
+        if session_id not in conversations:
+            key = session_id
+        else:
+            key = conversation_key(session_id, session.next_number)
+            session.next_number += 1
+        if conversations:
+            self._on_new_conversation()
+            logger.debug("continuum: session %s: conversation %s starts beside %d others",
+                         session_id, shown(key), len(conversations))
+        conversations[key] = _Conversation(key)
+        self._count += 1
+        return key
+
+    def _evict_sessions(self) -> None:
+        """Forget the least recently used sessions past ``max_jobs``
+        conversations (never the one just used: it is the last)."""
+        while self._count > self._max_jobs and len(self._sessions) > 1:
+            _, session = self._sessions.popitem(last=False)
+            self._count -= len(session.conversations)
+            for key in session.conversations:
+                self._on_evict(key)
+
+    def forget(self, key: str) -> None:
+        """The conversation's job ended: its key is free again."""
+        session_id = session_of(key)
+        session = self._sessions.get(session_id)
+        if session is None:
+            return
+        if session.conversations.pop(key, None) is not None:
+            self._count -= 1
+        if not session.conversations:
+            del self._sessions[session_id]
+
+
+def _idle(job: JobState | None) -> bool:
+    return job is None or job.in_flight == 0
