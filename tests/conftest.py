@@ -66,6 +66,7 @@ FILE_LEVELS = {
     "test_stats.py": "unit",
     "test_sub_agents.py": "scheduler",
     "test_test_levels.py": "unit",
+    "test_threat_implicit_jobs.py": "scheduler",
     "test_threat_job_binding.py": "scheduler",
     "test_threat_parsing.py": "unit",
     "test_threat_scoped_learning.py": "scheduler",

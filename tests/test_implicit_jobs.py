@@ -46,7 +46,8 @@ def index(**kw) -> ImplicitJobIndex:
     return ImplicitJobIndex(block_size=BS, **{"max_entries": 64, "max_blocks": 4096, **kw})
 
 
-SYSTEM = list(range(10, 10 + 70))  # a shared system prompt + task: 4+ blocks
+SYSTEM = list(range(10, 10 + 70))
+SCOPES = ("default", "alice", "mallory")  # a shared system prompt + task: 4+ blocks
 
 
 def try_register(idx: ImplicitJobIndex, tokens: Turn, job: str) -> bool:
@@ -172,19 +173,21 @@ def test_random_traffic_keeps_the_counts_exact():
     rng = random.Random(0)
     idx = index(max_entries=20, max_blocks=200)
     live: dict[str, list[int]] = {}
+    scope_of: dict[str, str] = {}
     for _ in range(2000):
         op = rng.random()
         if op < 0.5 or not live:
             t = turn(SYSTEM[: rng.randrange(0, 70)], [rng.randrange(500, 510)], [rng.randrange(600, 700)] * rng.randrange(1, 40))
             job = rng.choice(list(live)) if live and rng.random() < 0.3 else idx.new_job_id()
-            if try_register(idx, t, job):
+            if idx.register(job, hashes(t), t, t.num_prompt, decode, stop_token_ids={EOS},
+                            scope=scope_of.setdefault(job, rng.choice(SCOPES))):
                 live[job] = t
             else:
                 live.pop(job, None)
         elif op < 0.8:
             job = rng.choice(list(live))
             t = live[job] + [3, rng.randrange(800, 900)]
-            found = match(idx, t)
+            found = idx.match(hashes(t), t, decode, scope=scope_of[job])
             if found is not None:
                 live.pop(found, None)
         else:
@@ -199,7 +202,56 @@ def test_random_traffic_keeps_the_counts_exact():
         counted: dict = {}
         for e in entries:
             for h in e.block_hashes:
-                counted[h] = counted.get(h, 0) + 1
+                counted.setdefault(e.scope, {})[h] = counted.get(e.scope, {}).get(h, 0) + 1
         assert counted == idx._known
+        assert {sc: len(jobs) for sc, jobs in idx._by_scope.items()} == {
+            sc: sum(1 for e in entries if e.scope == sc) for sc in counted}
         assert sum(len(v) for v in idx._by_key.values()) == len(entries)
         live = {j: t for j, t in live.items() if j in idx._turns}
+
+
+def scoped(idx: ImplicitJobIndex, tokens: Turn, scope: str, job: str | None = None) -> str | None:
+    job = job or idx.new_job_id()
+    ok = idx.register(job, hashes(tokens), tokens, tokens.num_prompt, decode, stop_token_ids={EOS}, scope=scope)
+    return job if ok else None
+
+
+def test_a_turn_is_continued_only_by_a_request_of_its_scope():
+    idx = index()
+    job = scoped(idx, turn(SYSTEM, [500], [600]), "alice")
+    nxt = SYSTEM + [500, 600, 3, 800]
+    assert idx.match(hashes(nxt), nxt, decode, scope="mallory") is None
+    assert idx.match(hashes(nxt), nxt, decode) is None  # the default scope is a scope too
+    assert idx.match(hashes(nxt), nxt, decode, scope="alice") == job
+
+
+def test_twins_in_two_scopes_are_two_entries():
+    idx = index()
+    same = turn(SYSTEM, [500], [600])
+    a = scoped(idx, same, "alice")
+    m = scoped(idx, same, "mallory")
+    assert a and m and len(idx) == 2
+    nxt = same + [3, 800]
+    assert idx.match(hashes(nxt), nxt, decode, scope="alice") == a
+    assert idx.match(hashes(nxt), nxt, decode, scope="mallory") == m
+
+
+def test_the_candidate_cap_holds_per_scope():
+    idx = index()
+    a = scoped(idx, turn(SYSTEM, [500], [600]), "alice")
+    for i in range(12):
+        scoped(idx, turn(SYSTEM, [500], [700 + i]), "mallory")
+    nxt = SYSTEM + [500, 600, 3, 800]
+    assert idx.match(hashes(nxt), nxt, decode, scope="alice") == a
+
+
+@pytest.mark.parametrize("bound", ["max_entries", "max_blocks"])
+def test_a_full_index_evicts_from_the_scope_that_holds_the_most(bound):
+    idx = index(**({"max_entries": 6} if bound == "max_entries" else {"max_blocks": 24}))
+    victim_turn = turn(SYSTEM + [499] * 9, [], [600])  # 4 full blocks
+    victim = scoped(idx, victim_turn, "alice")
+    for i in range(40):  # a flood from one scope, far past both bounds
+        scoped(idx, turn(SYSTEM + [500 + i] * 9, [], [600 + i]), "mallory")
+        assert len(idx) <= 6 and idx.num_blocks <= 24
+    nxt = victim_turn + [3, 800]
+    assert idx.match(hashes(nxt), nxt, decode, scope="alice") == victim

@@ -31,10 +31,24 @@ A match consumes the entry (the job has moved on): a second request that
 continues the same turn (a branch, a retry, the same prompt sent twice) finds
 nothing and is served as stock vLLM would serve it.
 
+**Scoped** (``estimators.scopes``: an API key's, or a name the client
+sends; untagged traffic shares one). A turn is registered in its client's
+scope and only a request of the same scope can continue it, so no other
+client can push a client's turn out of the index:
+
+* two turns with the same prompt and reply in *one* scope cannot be told
+  apart, so neither is kept; in two scopes they are two entries;
+* the ``MAX_CANDIDATES`` cap on turns sharing a key holds per scope;
+* when the index is full, the scope holding the most entries (or, when the
+  block bound is what is hit, the most block hashes) gives up its least
+  recently registered one: a flood from one scope evicts its own turns
+  before anyone else's;
+* the known-prefix search runs over the request's scope's blocks only.
+
 Invariants: at most ``max_entries`` registered turns and at most
-``max_blocks`` block hashes counted (least recently registered go first);
-``_known`` holds exactly the multiset of the live entries' block hashes;
-every job has at most one entry.
+``max_blocks`` block hashes counted over all scopes; ``_known[scope]`` holds
+exactly the multiset of that scope's live entries' block hashes; every job
+has at most one entry.
 """
 
 from __future__ import annotations
@@ -45,6 +59,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .estimators.scopes import DEFAULT_SCOPE
 
 __all__ = ["IMPLICIT_JOB_PREFIX", "ImplicitJobIndex", "ImplicitTurn", "has_token_prompt", "is_implicit_job"]
 
@@ -95,6 +111,8 @@ class ImplicitTurn:
     # Length and digest of that segment's text, whitespace removed.
     text_len: int
     text_digest: bytes
+    # The client scope it was registered in: only that scope continues it.
+    scope: str = DEFAULT_SCOPE
 
 
 class ImplicitJobIndex:
@@ -108,12 +126,16 @@ class ImplicitJobIndex:
         self.block_size = block_size
         self.max_entries = max_entries
         self.max_blocks = max_blocks
-        # job id -> turn, least recently registered first.
-        self._turns: OrderedDict[str, ImplicitTurn] = OrderedDict()
-        # key (last full prompt block's hash) -> job ids registered under it.
-        self._by_key: dict[Any, list[str]] = {}
-        # block hash -> number of live entries whose prompt contains it.
-        self._known: dict[Any, int] = {}
+        # job id -> turn.
+        self._turns: dict[str, ImplicitTurn] = {}
+        # scope -> its job ids, least recently registered first.
+        self._by_scope: dict[str, OrderedDict[str, None]] = {}
+        # scope -> block hashes its entries count.
+        self._scope_blocks: dict[str, int] = {}
+        # (scope, key: last full prompt block's hash) -> job ids registered under it.
+        self._by_key: dict[tuple[str, Any], list[str]] = {}
+        # scope -> block hash -> number of the scope's live entries whose prompt contains it.
+        self._known: dict[str, dict[Any, int]] = {}
         self._num_blocks = 0
         self._ids = itertools.count(1)
 
@@ -137,12 +159,13 @@ class ImplicitJobIndex:
         num_prompt_tokens: int,
         decode: Decode,
         stop_token_ids: Collection[int] = (),
+        scope: str = DEFAULT_SCOPE,
     ) -> bool:
-        """Register ``job_id``'s finished turn: all its tokens (prompt, then
-        reply), how many are prompt, and vLLM's hashes of its full blocks.
-        Replaces the job's previous entry. Returns False when the turn cannot
-        be found again (no full prompt block, an over-long reply) or does not
-        fit the bounds."""
+        """Register ``job_id``'s finished turn in ``scope``: all its tokens
+        (prompt, then reply), how many are prompt, and vLLM's hashes of its
+        full blocks. Replaces the job's previous entry. Returns False when
+        the turn cannot be found again (no full prompt block, an over-long
+        reply, a twin in the same scope) or does not fit the bounds."""
         self.forget(job_id)
         end = len(token_ids)
         while end > num_prompt_tokens and token_ids[end - 1] in stop_token_ids:
@@ -154,77 +177,106 @@ class ImplicitJobIndex:
         if end - start > MAX_SEGMENT_TOKENS or end <= num_prompt_tokens:
             return False
         text = _normalise(decode(token_ids[start:end]))
-        turn = ImplicitTurn(job_id, tuple(block_hashes[:num_full]), end - start, len(text), _digest(text))
-        key = turn.block_hashes[-1]
+        turn = ImplicitTurn(job_id, tuple(block_hashes[:num_full]), end - start, len(text), _digest(text), scope)
+        key = (scope, turn.block_hashes[-1])
         same_key = self._by_key.get(key, [])
         twins = [j for j in same_key if self._turns[j].text_digest == turn.text_digest]
         if twins:
-            # Another job's turn has the same prompt and reply: neither can
-            # be told from the other, so neither is kept.
+            # Another job of this scope has the same prompt and reply:
+            # neither can be told from the other, so neither is kept.
             for twin in twins:
                 self.forget(twin)
             return False
         if len(same_key) >= MAX_CANDIDATES:
             self.forget(same_key[0])
         while len(self._turns) >= self.max_entries or self._num_blocks + num_full > self.max_blocks:
-            self.forget(next(iter(self._turns)))
+            self._evict(by_blocks=len(self._turns) < self.max_entries)
         self._turns[job_id] = turn
+        self._by_scope.setdefault(scope, OrderedDict())[job_id] = None
+        self._scope_blocks[scope] = self._scope_blocks.get(scope, 0) + num_full
         self._by_key.setdefault(key, []).append(job_id)
+        known = self._known.setdefault(scope, {})
         for block_hash in turn.block_hashes:
-            self._known[block_hash] = self._known.get(block_hash, 0) + 1
+            known[block_hash] = known.get(block_hash, 0) + 1
         self._num_blocks += num_full
         return True
+
+    def _evict(self, by_blocks: bool) -> None:
+        """Forget the least recently registered turn of the scope holding
+        the most entries (``by_blocks``: the most block hashes)."""
+        if by_blocks:
+            scope = max(self._scope_blocks, key=self._scope_blocks.__getitem__)
+        else:
+            scope = max(self._by_scope, key=lambda s: len(self._by_scope[s]))
+        self.forget(next(iter(self._by_scope[scope])))
 
     def forget(self, job_id: str) -> None:
         """Drop ``job_id``'s entry (its job ended or moved on), if it has one."""
         turn = self._turns.pop(job_id, None)
         if turn is None:
             return
-        key = turn.block_hashes[-1]
+        scope = turn.scope
+        key = (scope, turn.block_hashes[-1])
         same_key = self._by_key[key]
         same_key.remove(job_id)
         if not same_key:
             del self._by_key[key]
+        entries = self._by_scope[scope]
+        del entries[job_id]
+        blocks = self._scope_blocks[scope] - len(turn.block_hashes)
+        known = self._known[scope]
         for block_hash in turn.block_hashes:
-            count = self._known[block_hash] - 1
+            count = known[block_hash] - 1
             if count:
-                self._known[block_hash] = count
+                known[block_hash] = count
             else:
-                del self._known[block_hash]
+                del known[block_hash]
+        if entries:
+            self._scope_blocks[scope] = blocks
+        else:  # the scope's last entry: nothing of it is kept
+            del self._by_scope[scope], self._scope_blocks[scope], self._known[scope]
         self._num_blocks -= len(turn.block_hashes)
 
     # -- finding ----------------------------------------------------------
-    def _longest_known_prefix(self, block_hashes: Sequence[Any]) -> int:
-        """Number of leading blocks of ``block_hashes`` that are known
-        (binary search: knowledge is closed under prefixes)."""
+    def _longest_known_prefix(self, known: dict[Any, int], block_hashes: Sequence[Any]) -> int:
+        """Number of leading blocks of ``block_hashes`` in ``known`` (binary
+        search: a scope's knowledge is closed under prefixes)."""
         lo, hi = 0, len(block_hashes)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if block_hashes[mid - 1] in self._known:
+            if block_hashes[mid - 1] in known:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
 
-    def register_request(self, job_id: str, request: Any, decode: Decode, stop_token_ids: Collection[int]) -> bool:
+    def register_request(
+        self, job_id: str, request: Any, decode: Decode, stop_token_ids: Collection[int], scope: str = DEFAULT_SCOPE,
+    ) -> bool:
         """:meth:`register` a finished vLLM request (its block hashes, all
-        its tokens and its prompt length)."""
+        its tokens and its prompt length) in ``scope``."""
         return self.register(
             job_id, request.block_hashes, request.all_token_ids, request.num_prompt_tokens, decode, stop_token_ids,
+            scope,
         )
 
-    def match(self, block_hashes: Sequence[Any], prompt_token_ids: Sequence[int], decode: Decode) -> str | None:
-        """The job whose registered turn this prompt continues, or None.
+    def match(
+        self, block_hashes: Sequence[Any], prompt_token_ids: Sequence[int], decode: Decode,
+        scope: str = DEFAULT_SCOPE,
+    ) -> str | None:
+        """The job of ``scope`` whose registered turn this prompt continues,
+        or None.
 
         A match consumes the entry: the job's next turn has arrived.
         """
-        if not self._turns:
+        scope_known = self._known.get(scope)
+        if not scope_known:
             return None
-        known = self._longest_known_prefix(block_hashes)
+        known = self._longest_known_prefix(scope_known, block_hashes)
         if known == 0:
             return None
         candidates = [
-            self._turns[j] for j in self._by_key.get(block_hashes[known - 1], ())
+            self._turns[j] for j in self._by_key.get((scope, block_hashes[known - 1]), ())
             if len(self._turns[j].block_hashes) == known
         ]
         if not candidates:

@@ -317,7 +317,9 @@ class ContinuumSchedulerMixin:
         """An untagged request whose prompt continues a finished implicit-job
         turn is that job's next turn (O(log n) lookups, see implicit_jobs)."""
         assert self.implicit_jobs is not None
-        job_id = self.implicit_jobs.match(request.block_hashes, request.prompt_token_ids, self.replies.decode)
+        job_id = self.implicit_jobs.match(
+            request.block_hashes, request.prompt_token_ids, self.replies.decode, meta.scope
+        )
         if job_id is None:
             return meta
         self.continuum_metrics.on_implicit_turn("continued")
@@ -477,7 +479,9 @@ class ContinuumSchedulerMixin:
             job.last_predicted_s = job.last_tool_s = None
             job.last_context_tokens = request.num_tokens
         if self.implicit_jobs is not None and is_implicit_job(job_id):
-            self.implicit_jobs.register_request(job_id, request, self.replies.decode, stop_token_ids(request))
+            self.implicit_jobs.register_request(
+                job_id, request, self.replies.decode, stop_token_ids(request), meta.scope
+            )
         if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
