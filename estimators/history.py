@@ -261,6 +261,12 @@ class JobTracker:
     def forget(self, job_id: str) -> JobState | None:
         return self._jobs.pop(job_id, None)
 
+    def forget_if_idle(self, job_id: str) -> None:
+        """Forget ``job_id`` unless a turn of it is in flight."""
+        job = self._jobs.get(job_id)
+        if job is not None and job.in_flight == 0:
+            del self._jobs[job_id]
+
     def _evict_if_needed(self) -> None:
         if len(self._jobs) <= self.max_jobs:
             return

@@ -60,6 +60,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -553,7 +554,14 @@ class XGBoostLayer:
         if self._bootstrap_matrix is None:
             self._bootstrap_matrix = dataset_from_history(self.bootstrap)
         boot_x, boot_y = self._bootstrap_matrix
-        rows = [extract_features_from_command(command, commands) for command, commands, _ in samples]
+        rows = []
+        for command, commands, _ in samples:
+            rows.append(extract_features_from_command(command, commands))
+            # Featurising is pure Python: it holds the GIL the engine thread
+            # needs. Give it back after every row, so the engine thread (which
+            # keeps it for a switch interval once it has it) waits at most one
+            # row's work, not a whole interval per slice.
+            time.sleep(0)
         x = np.vstack([boot_x, *rows]) if rows else boot_x
         y = np.concatenate([boot_y, np.asarray([s for _, _, s in samples], dtype=np.float64)])
         return DurationClassifier.fit(x, y, self.config.fast_threshold_s, self.config.slow_threshold_s)

@@ -64,6 +64,7 @@ FILE_LEVELS = {
     "test_sim_traces.py": "unit",
     "test_simulate.py": "scheduler",
     "test_stats.py": "unit",
+    "test_step_budget.py": "scheduler",
     "test_sub_agents.py": "scheduler",
     "test_test_levels.py": "unit",
     "test_threat_implicit_jobs.py": "scheduler",

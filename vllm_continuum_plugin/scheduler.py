@@ -158,7 +158,7 @@ class ContinuumSchedulerMixin:
             self.block_size, cfg.max_jobs,
             on_mismatch=lambda: self.continuum_metrics.on_context_mismatch(),
             on_new_conversation=lambda: self.continuum_metrics.on_new_conversation(),
-            on_evict=self._forget_idle_job,
+            on_evict=self.jobs.forget_if_idle,  # a key used again starts afresh
         )
         # Learned per client scope (estimators.scopes): one client's traffic
         # never retunes another's TTLs.
@@ -168,13 +168,8 @@ class ContinuumSchedulerMixin:
         self.evicted_queueing_delay = SlidingMean(256)
         self.turn_correlation = TurnCountCorrelation()
         self.ttl_policy: TTLPolicy = make_ttl_policy(
-            cfg.ttl_policy,
-            self.tool_history,
-            self.prefill_cost,
-            default_ttl_s=cfg.default_ttl_s,
-            max_ttl_s=cfg.max_ttl_s,
-            fixed_ttl_s=cfg.fixed_ttl_s,
-            cold_start_samples=cfg.cold_start_samples,
+            cfg.ttl_policy, self.tool_history, self.prefill_cost, default_ttl_s=cfg.default_ttl_s,
+            max_ttl_s=cfg.max_ttl_s, fixed_ttl_s=cfg.fixed_ttl_s, cold_start_samples=cfg.cold_start_samples,
         )
         self.decider: Decider = make_decider(self.continuum_policy, cfg, self.ttl_policy, self.prefill_cost)
         # The plugin's offload connector, when configured: blocks leaving a
@@ -277,13 +272,6 @@ class ContinuumSchedulerMixin:
         client's, a branched conversation) must not take the pin over, end
         it or jump the queue on it."""
         return self.pins.held_for(request_meta(request).job_id, request.block_hashes) is not None
-
-    def _forget_idle_job(self, key: str) -> None:
-        """A conversation was forgotten to make room: its job state goes
-        too (unless a turn is in flight), so a key used again starts afresh."""
-        job = self.jobs.get(key)
-        if job is not None and job.in_flight == 0:
-            self.jobs.forget(key)
 
     def _has_waiting_turn(self, job_id: str) -> bool:
         """A waiting request continues the job's pin (keep it past its deadline)."""
