@@ -69,6 +69,7 @@ FILE_LEVELS = {
     "test_test_levels.py": "unit",
     "test_threat_implicit_jobs.py": "scheduler",
     "test_threat_job_binding.py": "scheduler",
+    "test_threat_job_memory.py": "scheduler",
     "test_threat_parsing.py": "unit",
     "test_threat_scoped_learning.py": "scheduler",
     "test_threat_settings.py": "unit",
