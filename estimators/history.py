@@ -184,6 +184,10 @@ class JobState:
     # Some finished turn of this job called a tool: the job's next reply
     # without one is its final answer (unless the client flags its turns).
     had_tool_call: bool = False
+    # Whether the last finished turn's request offered the model tools
+    # (None: not known): a one-turn conversation that offered none beside
+    # an agent's is a side request (a title), ended when the agent arrives.
+    tools_offered: bool | None = None
     # Recent client-overhead samples (``RoundTripOverhead``), or None.
     overhead_samples: deque[float] | None = None
     # The client scope that started the job (``estimators.scopes``): its

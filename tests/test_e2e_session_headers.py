@@ -9,8 +9,8 @@ Replies carry no tool call, so without the session id these turns would be
 chat traffic and never pinned: a pin on the first turn and a hand-off to
 the second show that the session id became the job id. Two conversations
 under one session id (a sub-agent beside its main conversation) keep their
-own pins, and a request that offers no tool (a session title) ends at its
-answer.
+own pins, and a one-turn request that offers no tool (a session title)
+keeps no pin once the agent's first turn arrives.
 
 No check races a TTL: the cold-start TTL outlives the test on any machine.
 """
@@ -124,11 +124,35 @@ def test_two_conversations_under_one_session_keep_their_own_pins(server):
     assert server.metric("vllm_continuum:pins_released", reason="ttl") == 0
 
 
-def test_a_request_offering_no_tool_ends_at_its_answer(server):
-    # A session title: one turn, no tools, under the session's id.
+def test_a_title_request_before_the_agents_first_turn_keeps_no_pin(server):
+    # OpenCode's order: a session title (one turn, no tools) under the
+    # session's id, then the agent's first turn (tools offered).
+    headers = {"X-Claude-Code-Session-Id": "0e9d8c7b-6a5f-4e3d-2c1b-0a9f8e7d6c5b"}
     created = server.metric("vllm_continuum:pins_created")
     ended = server.metric("vllm_continuum:jobs_ended", reason="final_answer")
-    post_messages(server, [{"role": "user", "content": "Title for: fix add()"}], tools=False,
-                  headers={"X-Claude-Code-Session-Id": "0e9d8c7b-6a5f-4e3d-2c1b-0a9f8e7d6c5b"})
+    released = server.metric("vllm_continuum:pins_released", reason="last_step")
+    post_messages(server, [{"role": "user", "content": "Title for: fix add()"}], tools=False, headers=headers)
+    post_messages(server, [{"role": "user", "content": "Fix add(). " + filler("agent", 40)}], headers=headers)
     assert wait_for(lambda: server.metric("vllm_continuum:jobs_ended", reason="final_answer") == ended + 1)
-    assert server.metric("vllm_continuum:pins_created") == created
+    # Whether the title was pinned alone first or not, no pin of it is left.
+    titles_pin = server.metric("vllm_continuum:pins_created") - created - 1
+    assert server.metric("vllm_continuum:pins_released", reason="last_step") == released + titles_pin
+    assert wait_for(lambda: server.metric("vllm_continuum:pinned_jobs") >= 1)
+
+
+def test_two_byte_identical_sessions_with_different_ids_each_hand_over_their_own_pin(server):
+    # Retries, best-of-n, parallel runs of one task: the same bytes, only
+    # the session id differs. Each session's next turn takes its own pin.
+    created, handoffs, _ = counters(server)
+    ttl = server.metric("vllm_continuum:pins_released", reason="ttl")
+    sessions = [{"X-Claude-Code-Session-Id": f"7a6b5c4d-3e2f-4a1b-8c9d-00000000000{i}"} for i in (1, 2)]
+    messages = [{"role": "user", "content": "Same task for both. " + filler("same", 40)}]
+    replies = [post_messages(server, messages, headers=h) for h in sessions]
+    assert replies[0] == replies[1]  # greedy: byte-identical conversations
+    assert wait_for(lambda: server.metric("vllm_continuum:pins_created") >= created + 2)
+    following = messages + [{"role": "assistant", "content": replies[0]},
+                            {"role": "user", "content": "Tool output: " + filler("same out", 30)}]
+    for h in sessions:
+        post_messages(server, following, headers=h)
+    assert wait_for(lambda: counters(server)[:2] == (created + 4, handoffs + 2)), counters(server)
+    assert server.metric("vllm_continuum:pins_released", reason="ttl") == ttl

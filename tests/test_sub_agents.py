@@ -4,9 +4,10 @@ Coding agents run sub-agents under their session id (Claude Code's ``Task``,
 Codex sub-agents) and send side requests under it (OpenCode's session
 title). Each conversation is a job of its own (``conversations``): a
 sub-agent's turns take over the sub-agent's pins while the main
-conversation's pin waits for the ``Task`` tool to return, and a side
-request that offered the model no tools ends at its answer instead of
-holding a pin. Under both plugin policies (ContextServe's rules know
+conversation's pin waits for the ``Task`` tool to return, and a one-turn
+side request that offered the model no tools (a title) ends at its answer,
+or when the agent's first turn arrives, instead of holding a pin. A lone
+tool-less conversation (a chat under a session id) keeps its pin. Under both plugin policies (ContextServe's rules know
 ``Task`` is SLOW: the main conversation's turn is not pinned there), with a fixed 60 s TTL on the
 manual clock (no check races the machine), every block is free at the end.
 
@@ -133,21 +134,44 @@ def test_two_concurrent_conversations_under_one_session_hand_over_their_own_pins
 
 
 @pytest.mark.parametrize("title_first", [True, False], ids=["title_finishes_first", "title_overlaps"])
-def test_a_side_request_without_tools_ends_at_its_answer_and_pins_nothing(s, title_first):
+def test_a_side_request_without_tools_ends_and_keeps_no_pin_once_the_agent_arrives(s, title_first):
     # OpenCode asks for a session title (no tools offered) under the session id.
     title = turn(s, prompt_of(5, 60), TITLE, {TOOLS_OFFERED: False})
     if title_first:
         finish(s, title)
+        assert len(s.pins) == 1  # alone, it may be a chat: pinned for now
     main1 = turn(s, prompt_of(6, 120), call("ls"), {TOOLS_OFFERED: True})
+    # The agent's first turn ended the finished title (it had its one turn).
+    assert snap(s)["jobs_ended"]["final_answer"] == int(title_first)
     finish(s, title, main1)
-    assert snap(s)["jobs_ended"]["final_answer"] == 1  # the title
-    assert len(s.pins) == 1
-    assert s.pins.get(request_meta(main1).job_id).request_id == main1.request_id
+    assert snap(s)["jobs_ended"]["final_answer"] == 1  # the title, either way
+    assert len(s.pins) == 1 and s.pins.get(request_meta(main1).job_id).request_id == main1.request_id
     main2 = turn(s, next_prompt(main1, 60), ANSWER, {TOOLS_OFFERED: True})
     finish(s, main2)
     m = snap(s)
-    assert m["pins_created"] == 1 and m["pins_released"]["handoff"] == 1 and m["jobs_ended"]["final_answer"] == 2
+    assert m["pins_created"] == 1 + title_first and m["pins_released"]["handoff"] == 1
+    assert m["pins_released"]["last_step"] == int(title_first) and m["jobs_ended"]["final_answer"] == 2
     assert_all_free(s)
+
+
+def test_a_lone_chat_under_a_session_id_keeps_its_pin_between_turns(s):
+    # No tools offered, no sibling: a person reads the answer and replies.
+    c1 = turn(s, prompt_of(9, 80), TITLE, {TOOLS_OFFERED: False})
+    finish(s, c1)
+    assert len(s.pins) == 1
+    c2 = turn(s, next_prompt(c1, 70), TITLE, {TOOLS_OFFERED: False})
+    finish(s, c2)
+    m = snap(s)
+    assert m["pins_released"]["handoff"] == 1 and m["jobs_ended"]["final_answer"] == 0
+
+
+def test_another_scopes_agent_does_not_end_a_chat_under_the_same_id(s):
+    c1 = turn(s, prompt_of(10, 80), TITLE, {TOOLS_OFFERED: False, "continuum_scope": "alice"})
+    finish(s, c1)
+    other = turn(s, prompt_of(11, 80), call("ls"), {TOOLS_OFFERED: True, "continuum_scope": "mallory"})
+    finish(s, other)
+    assert s.pins.get(SESSION).request_id == c1.request_id
+    assert snap(s)["jobs_ended"]["final_answer"] == 0
 
 
 def test_lapsed_and_abandoned_conversations_leave_every_block_free(s):

@@ -182,6 +182,29 @@ class Conversations:
         entry = self._sessions.get(session)
         return list(entry.conversations) if entry is not None else []
 
+    def has_siblings(self, key: str) -> bool:
+        """Does ``key``'s session hold a live conversation besides ``key``?"""
+        entry = self._sessions.get(session_of(key))
+        return entry is not None and any(k != key for k in entry.conversations)
+
+    def side_requests(self, key: str, job_of: Callable[[str], JobState | None], scope: str) -> list[str]:
+        """The conversations beside ``key`` (a conversation that offered the
+        model tools and just started) that were one-turn side requests of
+        the same client scope: one finished turn, nothing in flight, no tool
+        called, no tool offered (a session title sent before the agent's
+        first turn). Nothing comes after such a turn: the caller ends them.
+        A conversation that ran more than one turn (a chat) is never one."""
+        entry = self._sessions.get(session_of(key))
+        if entry is None:
+            return []
+        found = []
+        for other in entry.conversations:
+            job = job_of(other) if other != key else None
+            if (job is not None and job.turns_finished == 1 and job.in_flight == 0 and not job.had_tool_call
+                    and job.tools_offered is False and job.scope == scope):
+                found.append(other)
+        return found
+
     def resolve(
         self,
         request: Any,

@@ -227,6 +227,7 @@ class ContinuumSchedulerMixin:
         self.turns = TurnReader(
             self.replies, self.jobs, self.pins, frozenset(cfg.finish_action_list),
             TurnRules(implicit_jobs=self.implicit_jobs is not None, pinning=self.pinning_enabled),
+            has_siblings=self.conversations.has_siblings,
         )
         self.soft_pins = SoftPins(
             self, self.pins, self.order,
@@ -242,16 +243,10 @@ class ContinuumSchedulerMixin:
                 rank=self.order.queue_key,
             )
         logger.info(
-            "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s "
-            "prefix_caching=%s max_pinned_blocks=%d implicit_jobs=%s admission=%s%s",
-            self.continuum_policy,
-            cfg.ttl_policy,
-            type(self).__name__,
-            self.pinning_enabled,
-            self.max_pinned_blocks,
-            self.implicit_jobs is not None,
-            self.admission is not None,
-            f" decider={type(self.decider).__name__}",
+            "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
+            "max_pinned_blocks=%d implicit_jobs=%s admission=%s decider=%s", self.continuum_policy,
+            cfg.ttl_policy, type(self).__name__, self.pinning_enabled, self.max_pinned_blocks,
+            self.implicit_jobs is not None, self.admission is not None, type(self.decider).__name__,
         )
         if not self.pinning_enabled:
             logger.warning(
@@ -267,10 +262,8 @@ class ContinuumSchedulerMixin:
     # Queue ordering (the rule lives in JobOrder)
     # ------------------------------------------------------------------
     def _continues_pin(self, request: Request) -> bool:
-        """Does ``request`` continue the context its job's pin holds? A job
-        id belongs to nobody: a request that merely names it (another
-        client's, a branched conversation) must not take the pin over, end
-        it or jump the queue on it."""
+        """Does ``request`` continue the context its job's pin holds? (Only
+        then may it take the pin over, end it or jump the queue on it.)"""
         return self.pins.held_for(request_meta(request).job_id, request.block_hashes) is not None
 
     def _has_waiting_turn(self, job_id: str) -> bool:
@@ -298,6 +291,10 @@ class ContinuumSchedulerMixin:
                 meta = self._match_implicit_job(request, meta)
             set_request_meta(request, meta)
             if meta.job_id is not None:
+                if meta.tools_offered and self.jobs.get(meta.job_id) is None:  # an agent's new conversation
+                    # A title sent before the agent's first turn: its one turn was its last.
+                    for key in self.conversations.side_requests(meta.job_id, self.jobs.get, meta.scope):
+                        self._forget_job(key, "final_answer", "last_step")
                 self._on_job_arrival(request, meta)
         super().add_request(request)  # type: ignore[misc]
 
@@ -459,8 +456,9 @@ class ContinuumSchedulerMixin:
         now = self.clock.time()
         tool_key = call.tool_key if call is not None else NO_TOOL_KEY
         job = self.jobs.on_finish(job_id, now, tool_key, counted=True)
-        if call is not None and job is not None:
-            job.had_tool_call = True
+        if job is not None:
+            job.had_tool_call |= call is not None
+            job.tools_offered = meta.tools_offered
         if self.admission is not None:
             self.admission.on_turn_finished(job_id, request, now)
         if job is not None:  # set again below when this turn is decided
@@ -516,25 +514,12 @@ class ContinuumSchedulerMixin:
         ends = outcome.ends_job
         job = self.jobs.on_finish(job_id, self.clock.time(), None, counted=normal)
         shared_tokens = job.first_hit_tokens if job is not None else None
-        if ends:
-            if normal and job is not None:
-                self.turn_correlation.add_job(job.turns_finished)
-            self.jobs.forget(job_id)
-            self.conversations.forget(job_id)
-            self.continuum_metrics.on_job_end(outcome.reason.value)
-        if self.admission is not None:
-            self.admission.on_job_end(job_id)
-        if self.implicit_jobs is not None:
-            # An aborted implicit turn is not retried by prefix: its job ends too.
-            self.implicit_jobs.forget(job_id)
-        if continues_pin:
-            self.pins.release(job_id, outcome.release_reason)
-        if self.offload is not None:
-            # Nobody reloads a finished job's context: its stored blocks go
-            # first. (An aborted turn may be retried: keep them.)
-            self.offload.end_hold(job_id, demote=ends)
-            if ends:
-                self.offload.demote_request(request)
+        if ends and normal and job is not None:
+            self.turn_correlation.add_job(job.turns_finished)
+        self._forget_job(job_id, outcome.reason.value if ends else None,
+                         outcome.release_reason if continues_pin else None)
+        if ends and self.offload is not None:
+            self.offload.demote_request(request)  # nobody reloads a finished job's context
         if not ends or shared_tokens is None:  # an abort may be retried: LRU as usual
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
@@ -542,6 +527,25 @@ class ContinuumSchedulerMixin:
         super()._free_request_blocks(request)  # type: ignore[misc]
         moved = evict_first(self.kv_cache_manager.block_pool, blocks, shared_tokens // self.block_size)
         logger.debug("continuum: job %s ended; %d of its blocks go first out of the prefix cache", job_id, moved)
+
+    def _forget_job(self, job_id: str, end_reason: str | None, release_reason: str | None) -> None:
+        """A job ended (``end_reason``, counted; its state is forgotten) or
+        its turn aborted (None: the state stays, the job may retry); its pin
+        goes when ``release_reason`` is given, its offload hold always."""
+        if end_reason is not None:
+            self.jobs.forget(job_id)
+            self.conversations.forget(job_id)
+            self.continuum_metrics.on_job_end(end_reason)
+        if self.admission is not None:
+            self.admission.on_job_end(job_id)
+        if self.implicit_jobs is not None:
+            # An aborted implicit turn is not retried by prefix: its job ends too.
+            self.implicit_jobs.forget(job_id)
+        if release_reason is not None:
+            self.pins.release(job_id, release_reason)
+        if self.offload is not None:
+            # An ended job's stored blocks go first; an aborted turn may be retried: keep them.
+            self.offload.end_hold(job_id, demote=end_reason is not None)
 
     def _start_implicit_job(self, request: Request, meta: JobMetadata) -> JobMetadata:
         """An untagged turn that called a tool: from now on it is a job."""
@@ -576,9 +580,6 @@ class ContinuumSchedulerMixin:
         """Release every pin past its deadline (see ``PinManager.release_expired``)."""
         return self.pins.release_expired()
 
-    # ------------------------------------------------------------------
-    # Lifecycle
-    # ------------------------------------------------------------------
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
         self.pins.release_all("reset")
         return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]

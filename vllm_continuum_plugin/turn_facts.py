@@ -11,6 +11,7 @@ request.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from .estimators.history import JobTracker
@@ -29,13 +30,15 @@ class TurnReader:
 
     def __init__(
         self, replies: ReplyReader, jobs: JobTracker, pins: PinManager, finish_actions: frozenset[str],
-        rules: TurnRules,
+        rules: TurnRules, has_siblings: Callable[[str], bool] = lambda key: False,
     ) -> None:
         self._replies = replies
         self._jobs = jobs
         self._pins = pins
         self._finish_actions = finish_actions
         self.rules = rules
+        # Does a job key's session hold another live conversation?
+        self._has_siblings = has_siblings
 
     def read(self, request: Any) -> tuple[FinishedTurn, ToolCall | None]:
         """The facts ``decide_turn`` reads for ``request`` (finished or
@@ -54,6 +57,9 @@ class TurnReader:
             implicit_job=is_implicit_job(job_id),
             had_tool_call=job is not None and job.had_tool_call,
             tools_offered=meta.tools_offered,
+            tool_hinted=(meta.tool_name is not None or meta.tool_command is not None
+                         or meta.expected_tool_seconds is not None),
+            side_conversation=job_id is not None and self._has_siblings(job_id),
             token_prompt=has_token_prompt(request),
             pin=(PinRelation.NONE if continues_pin is None
                  else PinRelation.CONTINUED if continues_pin else PinRelation.OTHER_CONTEXT),

@@ -157,6 +157,11 @@ class FinishedTurn:
     # The request offered the model tools (the API server says; None: not
     # known, e.g. /v1/completions or the engine driven directly).
     tools_offered: bool | None = None
+    # The client sent a tool hint (name, command, expected seconds): a tool
+    # runs before the next turn, whatever the request offered the model.
+    tool_hinted: bool = False
+    # Another conversation of the job's session is live (conversations).
+    side_conversation: bool = False
     # The prompt is token ids (not embeddings): implicit jobs match by them.
     token_prompt: bool = True
     # The job's pin and this turn (the hand-over test of ``PinManager.held_for``).
@@ -274,12 +279,13 @@ def _is_final_answer(turn: FinishedTurn, reply: TurnReply) -> bool:
     An explicit job's does when the reply was actually read ("no tool call"
     is then known, not assumed), the client did not send ``is_last_step``
     (an explicit ``false`` keeps the answer pinned while its user reads
-    it), and either an earlier turn of the job called a tool or the request
-    offered the model no tool at all (a session title, a summary, a chat
-    turn: what comes next waits on a person, not on a tool). A job
-    forgotten (ended, evicted) and started again under the same id has had
-    no tool call yet."""
+    it), and either an earlier turn of the job called a tool, or the job is
+    a side request: a conversation beside another of its session whose
+    request offered the model no tool and hinted none (a session title, a
+    summary: nothing comes after it). A lone tool-less conversation (a chat
+    under a session id) is not ended here. A job forgotten (ended, evicted)
+    and started again under the same id has had no tool call yet."""
     if turn.implicit_job:
         return True
-    return (turn.is_last_step is None and reply.readable
-            and (turn.had_tool_call or turn.tools_offered is False))
+    side_request = turn.side_conversation and turn.tools_offered is False and not turn.tool_hinted
+    return turn.is_last_step is None and reply.readable and (turn.had_tool_call or side_request)
