@@ -303,13 +303,13 @@ def summarise(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def report(data: dict[str, Any], command: str) -> str:
     rows = summarise(data)
-    machine = f"{platform.processor() or platform.machine()}, {_cpu_name()}"
+    machine = f"{platform.machine()}, {_cpu_name()}"
     lines = [
         "# Per-step budget under hostile input",
         "",
         f"Written by `{command}` (`benchmarks/step_budget.py`; method in its docstring).",
         f"Machine: {machine}; Python {platform.python_version()}. Real vLLM schedulers (engine rig, no "
-        f"weights); {data['rounds']} rounds of {data['batch']} turns that end in the same step, per phase; "
+        f"weights, so no dtype is involved); {data['rounds']} rounds of {data['batch']} turns that end in the same step, per phase; "
         f"hostile replies are {REPLY_CHARS:,} characters ({data['reply_tokens']:,} tokens at most), hostile "
         f"hints {MAX_HINT_CHARS:,}.",
         "",
@@ -343,14 +343,19 @@ def report(data: dict[str, Any], command: str) -> str:
 
 
 def _cpu_name() -> str:
+    """The CPU's model name, its cores and its widest vector extension."""
+    name, flags = "unknown CPU", set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if line.startswith("model name") and name == "unknown CPU":
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return "unknown CPU"
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name}, {os.cpu_count()} cores, {vector}"
 
 
 def main(argv: list[str] | None = None) -> int:
