@@ -47,6 +47,7 @@ FILE_LEVELS = {
     "test_final_answer.py": "scheduler",
     "test_implicit_jobs.py": "unit",
     "test_implicit_scheduler.py": "scheduler",
+    "test_job_order.py": "scheduler",
     "test_import_graph.py": "unit",
     "test_lmcache.py": "e2e",
     "test_metadata_and_config.py": "unit",
