@@ -67,11 +67,13 @@ TEST_DEPS=("pytest>=8" "pytest-timeout>=2.2")
 TESTS=(
   tests/test_queue_and_registration.py
   tests/test_scheduler.py
+  tests/test_job_order.py
   tests/test_implicit_scheduler.py
   tests/test_implicit_jobs.py
   tests/test_metadata_and_config.py
   tests/test_estimators.py
   tests/test_context_predictor.py
+  tests/test_rules_layer.py
   tests/test_parser.py
   tests/test_native_calls.py
 )

@@ -58,6 +58,7 @@ FILE_LEVELS = {
     "test_offload_backend.py": "scheduler",
     "test_parser.py": "unit",
     "test_queue_and_registration.py": "scheduler",
+    "test_rules_layer.py": "unit",
     "test_scheduler.py": "scheduler",
     "test_session_ids.py": "unit",
     "test_sim_cpu_fit.py": "unit",
