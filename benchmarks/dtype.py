@@ -22,7 +22,7 @@ import logging
 import os
 import platform
 
-__all__ = ["DTYPE_ENV", "cpu_has_native_bf16", "cpu_name", "dtype_bytes", "serving_dtype"]
+__all__ = ["DTYPE_ENV", "cpu_flags", "cpu_has_native_bf16", "cpu_name", "dtype_bytes", "serving_dtype"]
 
 logger = logging.getLogger("vllm.continuum_plugin.dtype")
 
@@ -55,6 +55,11 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """True when this CPU executes bf16 matmuls natively (see module doc)."""
     flags = _cpu_flags(_cpuinfo() if cpuinfo is None else cpuinfo)
     return bool(flags & (_X86_BF16_FLAGS | _ARM_BF16_FLAGS))
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """This CPU's feature flags (e.g. ``avx2``, ``avx512f``)."""
+    return _cpu_flags(_cpuinfo() if cpuinfo is None else cpuinfo)
 
 
 def cpu_name(cpuinfo: str | None = None) -> str:

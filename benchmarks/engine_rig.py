@@ -199,20 +199,26 @@ def scripted(request: Request, reply: list[int]) -> Request:
 
 
 def fake_model_output(
-    scheduler: Scheduler, output: SchedulerOutput, token: int = 7, replies: dict[str, list[int]] | None = None
+    scheduler: Scheduler, output: SchedulerOutput, token: int = 7, replies: dict[str, list[int]] | None = None,
+    whole_reply: bool = False,
 ) -> ModelRunnerOutput:
     """What a model runner returns for ``output``: one sampled token per
     scheduled request whose prefill is done (none for a partial prefill).
     The token is the request's next one from ``replies`` when it has a
-    script there, else ``token``."""
+    script there, else ``token``. ``whole_reply``: a scripted request emits
+    all the rest of its script in this step (as speculative decoding may)."""
     req_ids = list(output.num_scheduled_tokens)
     sampled: list[list[int]] = []
     for req_id in req_ids:
         request = scheduler.requests[req_id]
         done_prefill = request.num_computed_tokens >= request.num_tokens
         script = replies.get(req_id) if replies else None
-        next_token = script[request.num_output_tokens] if script and request.num_output_tokens < len(script) else token
-        sampled.append([next_token] if done_prefill else [])
+        done = request.num_output_tokens
+        if script and done < len(script):
+            tokens = script[done:] if whole_reply else [script[done]]
+        else:
+            tokens = [token]
+        sampled.append(tokens if done_prefill else [])
     return ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={r: i for i, r in enumerate(req_ids)},

@@ -50,13 +50,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from vllm_continuum_plugin.clock import SYSTEM_CLOCK
 
-from .engine_rig import TINY_MODEL, make_request, make_scheduler, prompt_of
+from .dtype import cpu_flags, cpu_name
+from .engine_rig import TINY_MODEL, fake_model_output, make_request, make_scheduler, prompt_of
 
 __all__ = ["BUDGET_MS", "PHASES", "POLICIES", "main", "measure"]
 
@@ -113,20 +112,6 @@ class Turn:
     hint: str | None
 
 
-def _all_at_once(scheduler: Any, output: SchedulerOutput, replies: dict[str, list[int]]) -> ModelRunnerOutput:
-    """The fake model: a request whose prefill is done emits the rest of
-    its scripted reply in this step."""
-    req_ids = list(output.num_scheduled_tokens)
-    sampled: list[list[int]] = []
-    for req_id in req_ids:
-        request = scheduler.requests[req_id]
-        done = request.num_computed_tokens >= request.num_tokens
-        script = replies.get(req_id, [7])
-        sampled.append(list(script[request.num_output_tokens:]) or [7] if done else [])
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled)
-
-
 class Rig:
     """One real scheduler, fed the rounds."""
 
@@ -176,7 +161,7 @@ class Rig:
             t0 = time.perf_counter_ns()
             output = s.schedule()
             t1 = time.perf_counter_ns()
-            runner = _all_at_once(s, output, self._replies)
+            runner = fake_model_output(s, output, replies=self._replies, whole_reply=True)
             t2 = time.perf_counter_ns()
             s.update_from_output(output, runner)
             total += (t1 - t0) + (time.perf_counter_ns() - t2)
@@ -344,18 +329,9 @@ def report(data: dict[str, Any], command: str) -> str:
 
 def _cpu_name() -> str:
     """The CPU's model name, its cores and its widest vector extension."""
-    name, flags = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name == "unknown CPU":
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    flags = cpu_flags()
     vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{name}, {os.cpu_count()} cores, {vector}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, {vector}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,29 +28,6 @@ def _worst_hint() -> str:
     return max(hints.values(), key=lambda h: _deep_size(shell_call(parsed_prefix(h))))
 
 
-def _size_without_kv_blocks(obj: object, block_type: type) -> int:
-    seen: set[int] = set()
-
-    def walk(o: object) -> int:
-        if id(o) in seen or isinstance(o, block_type):
-            return 0
-        seen.add(id(o))
-        import sys
-
-        size = sys.getsizeof(o)
-        if isinstance(o, (tuple, list)):
-            size += sum(walk(i) for i in o)
-        elif isinstance(o, dict):
-            size += sum(walk(k) + walk(v) for k, v in o.items())
-        elif hasattr(o, "__dict__"):
-            size += walk(vars(o))
-        elif hasattr(o, "__slots__"):
-            size += sum(walk(getattr(o, n)) for n in o.__slots__ if hasattr(o, n))
-        return size
-
-    return walk(obj)
-
-
 def test_a_live_job_keeps_at_most_16_kb_in_the_worst_case():
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
@@ -71,9 +48,9 @@ def test_a_live_job_keeps_at_most_16_kb_in_the_worst_case():
     state = s.jobs.get(job)
     assert state is not None and state.last_call is not None and len(state.overhead_samples or ()) > 0
     sizes = {
-        "job state": _size_without_kv_blocks(state, KVCacheBlock),
-        "conversation": _size_without_kv_blocks(s.conversations._sessions[job], KVCacheBlock),
-        "pin": _size_without_kv_blocks(s.pins.get(job), KVCacheBlock),
+        "job state": _deep_size(state, skip=KVCacheBlock),
+        "conversation": _deep_size(s.conversations._sessions[job], skip=KVCacheBlock),
+        "pin": _deep_size(s.pins.get(job), skip=KVCacheBlock),
     }
     total = sum(sizes.values())
     print(f"\nper job, worst case: {total} bytes {sizes}")

@@ -455,19 +455,20 @@ def test_linear_scanners_agree_with_the_regexes_they_replace() -> None:
 # Finding 4: memory per job
 
 
-def _deep_size(obj: object, seen: set[int] | None = None) -> int:
-    """Bytes of ``obj`` and everything it references (each object once)."""
+def _deep_size(obj: object, seen: set[int] | None = None, skip: type | tuple[type, ...] = ()) -> int:
+    """Bytes of ``obj`` and everything it references (each object once),
+    not counting objects of the ``skip`` types (nor what they reference)."""
     seen = set() if seen is None else seen
-    if id(obj) in seen:
+    if id(obj) in seen or (skip and isinstance(obj, skip)):
         return 0
     seen.add(id(obj))
     size = sys.getsizeof(obj)
     if isinstance(obj, (tuple, list)):
-        size += sum(_deep_size(item, seen) for item in obj)
+        size += sum(_deep_size(item, seen, skip) for item in obj)
     elif isinstance(obj, dict):
-        size += sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in obj.items())
+        size += sum(_deep_size(k, seen, skip) + _deep_size(v, seen, skip) for k, v in obj.items())
     elif hasattr(obj, "__dict__"):
-        size += _deep_size(vars(obj), seen)
+        size += _deep_size(vars(obj), seen, skip)
     return size
 
 
