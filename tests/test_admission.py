@@ -70,7 +70,7 @@ def test_a_new_job_waits_while_the_job_under_way_fills_the_pool_and_its_next_tur
 @pytest.mark.parametrize(
     ("settings", "wait_s"),
     [
-        ({"job_priority_window_s": 30.0}, 30.0),  # the held turn is overdue
+        ({"admission_max_wait_s": 30.0}, 30.0),  # the held turn is overdue (its own setting)
         ({"max_ttl_s": 10.0}, 10.5),  # job "a" quiet longer than any TTL stops counting
     ],
     ids=["overdue", "quiet-job"],

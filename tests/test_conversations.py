@@ -1,7 +1,9 @@
 """Conversations of a session id, as pure logic (``conversations``).
 
 Requests are stand-ins with the three fields the module reads (request id,
-prompt length, block hashes); job state and pins are plain dicts. The
+prompt length, block hashes: strings standing for vLLM's chained hashes, so
+two prompts equal at a block are equal before it); job state and pins are
+plain dicts. The
 scheduler-level behaviour (pins, job ends, sub-agents on a real vLLM
 scheduler) is in tests/test_threat_job_binding.py and
 tests/test_sub_agents.py.
@@ -14,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_continuum_plugin.conversations import (
-    MAX_ANCHORS,
+    MAX_PROMPTS,
     Conversations,
     conversation_key,
     session_of,
@@ -58,13 +60,15 @@ class World:
     def _new(self) -> None:
         self.new += 1
 
-    def send(self, session: str, r: SimpleNamespace) -> str | None:
+    def send(self, session: str, r: SimpleNamespace, scope: str = "default") -> str | None:
         """The key ``r`` acts on (None: served as stock)."""
         def continues_pin(key: str) -> bool | None:
             pinned = self.pins.get(key)
             return None if pinned is None else r.block_hashes[:len(pinned)] == pinned
 
-        meta = self.c.resolve(r, JobMetadata(job_id=session), self.jobs.get, continues_pin)
+        meta = self.c.resolve(r, JobMetadata(job_id=session, scope=scope), self.jobs.get, continues_pin)
+        if meta.job_id is not None and meta.job_id not in self.jobs:
+            self.jobs[meta.job_id] = JobState(meta.job_id, first_arrival=0.0, scope=scope, in_flight=0)
         return meta.job_id
 
 
@@ -78,8 +82,8 @@ def test_a_sessions_first_conversation_keeps_the_session_id_and_its_turns_stay_o
 
 def test_a_second_conversation_under_the_session_gets_its_own_key_and_keeps_it():
     w = World()
-    main = request(["s", "main"])
-    sub = request(["s", "sub"])  # same system prompt block, then its own task
+    main = request(["s", "main", "main-b", "main-c"])
+    sub = request(["s", "sub"])  # same system prompt block (1 of main's 4), then its own task
     assert w.send("sess", main) == "sess"
     sub_key = w.send("sess", sub)
     assert sub_key == conversation_key("sess", 1) != "sess" and session_of(sub_key) == "sess"
@@ -109,18 +113,66 @@ def test_a_pin_is_continued_even_past_the_remembered_prompts():
     assert w.send("sess", request(["p", "q", "reply", "next"])) == key
 
 
-@pytest.mark.parametrize("turns, fork_joins", [(MAX_ANCHORS, True), (MAX_ANCHORS + 1, False)])
-def test_only_the_last_few_prompts_of_a_conversation_are_remembered(turns, fork_joins):
+def test_only_the_last_few_prompts_of_a_conversation_are_remembered():
     w = World()
     last = request(["root", "a"])
     key = w.send("sess", last)
-    for i in range(1, turns):
-        last = extend(last, f"t{i}")
+    for i in range(1, 6):
+        last = extend(last, f"t{i}", f"u{i}")
         assert w.send("sess", last) == key
-    # A fork from the first turn's prompt continues only that prompt: it
-    # joins while the prompt is remembered, else it is a new conversation.
-    fork = request(["root", "a", "fork"])
-    assert (w.send("sess", fork) == key) is fork_joins
+    assert len(w.c._sessions["sess"].conversations[key].prompts) == MAX_PROMPTS
+    # A fork from the first turn's prompt shares 2 of the last prompts' 10+
+    # blocks: that prompt is forgotten, so the fork is a conversation of its own.
+    assert w.send("sess", request(["root", "a", "fork"])) != key
+
+
+def test_a_prompt_whose_tail_was_rewritten_continues_its_conversation():
+    # AIPerf's hash-block prompts drop the previous prompt's tail block; chat
+    # templates drop earlier reasoning; Claude Code rewrites reminders.
+    w = World()
+    first = request(["sys", "tools", "task", "b3", "tail"])
+    key = w.send("sess", first)
+    assert w.send("sess", request(["sys", "tools", "task", "b3", "tail*", "reply", "result"])) == key
+    # A compacted history (a summary after the system prompt and tools)
+    # shares under half of every remembered prompt: it starts afresh.
+    assert w.send("sess", request(["sys", "tools", "summary"])) != key
+
+
+def test_sharing_only_the_base_starts_a_new_conversation():
+    # The conversation's first turn found 2 blocks (system prompt, tools) in
+    # the prefix cache, computed by other traffic: sharing just those is no
+    # continuation, even though it is half of the prompt.
+    w = World()
+    main = request(["sys", "tools", "task", "more"])
+    key = w.send("sess", main)
+    w.jobs[key].first_hit_tokens = 2 * BLOCK
+    sub = request(["sys", "tools", "sub-task", "sub-more"])
+    assert w.send("sess", sub) != key
+    # One block beyond the base and half of the rest: a continuation.
+    assert w.send("sess", request(["sys", "tools", "task", "other"])) == key
+
+
+def test_the_conversation_sharing_the_longest_prefix_wins():
+    w = World()
+    a = request(["sys", "a1", "a2", "a3"])
+    b = request(["sys", "a1", "b2", "b3"])  # shares half of a
+    ka = w.send("sess", a)
+    assert w.send("sess", b) == ka  # a continuation of a (two of its four blocks)
+    w2 = World()
+    ka, kb = w2.send("sess", request(["x", "x1", "x2", "x3"])), w2.send("sess", request(["y", "y1"]))
+    assert ka != kb
+    assert w2.send("sess", request(["x", "x1", "x2", "x3", "x4"])) == ka
+    assert w2.send("sess", request(["y", "y1", "y2"])) == kb
+
+
+def test_another_scope_never_continues_a_conversation():
+    w = World()
+    victim = request(["sys", "secret", "more"])
+    key = w.send("sess", victim, scope="alice")
+    same_context = extend(victim, "next")
+    other = w.send("sess", same_context, scope="mallory")
+    assert other is not None and other != key
+    assert w.send("sess", extend(victim, "next2"), scope="alice") == key
 
 
 def test_a_full_session_makes_room_from_an_idle_conversation_without_a_pin():
@@ -180,8 +232,11 @@ def test_no_client_can_name_another_sessions_conversation():
         conversation_key("sess", -1)
 
 
-def test_a_prompt_shorter_than_a_block_has_nothing_to_compare_and_joins_the_conversation():
+def test_a_prompt_shorter_than_a_block_continues_nothing_and_nothing_continues_it():
     w = World()
     short = request([], tokens=BLOCK - 1)
     assert w.send("sess", short) == "sess"
-    assert w.send("sess", request(["anything"])) == "sess"
+    # Before: a short prompt was "continued by anything" and absorbed every
+    # request of its session.
+    assert w.send("sess", request(["anything"])) != "sess"
+    assert w.send("sess", request([], tokens=BLOCK - 1)) not in (None, "sess")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from harness import make_request, make_scheduler, prompt_of, run_until_finished, scripted, tiny_tokens
 from test_threat_parsing import _adversarial_hints, _deep_size
 
-from vllm_continuum_plugin.conversations import MAX_ANCHORS
+from vllm_continuum_plugin.conversations import MAX_PROMPTS
 from vllm_continuum_plugin.estimators.parser import parsed_prefix, shell_call
 from vllm_continuum_plugin.metadata import MAX_JOB_ID_LENGTH, MAX_SCOPE_CHARS
 
@@ -38,7 +38,7 @@ def test_a_live_job_keeps_at_most_16_kb_in_the_worst_case():
     reply = tiny_tokens("```bash\nls\n```") + [EOS]
     prompt = prompt_of(1, 40)
     last = None
-    for turn in range(MAX_ANCHORS + 8):  # more turns than any window keeps
+    for turn in range(MAX_PROMPTS + 8):  # more turns than any window keeps
         r = scripted(make_request(prompt, max_tokens=len(reply), job_id=job, is_last_step=False, extra=extra), reply)
         s.add_request(r)
         run_until_finished(s, [r])

@@ -80,7 +80,10 @@ CASES = [
     ("abort", explicit(ABORTED), ON, 5.0, K.END_JOB, R.ABORT),
     ("finish action", explicit(FINISH), ON, 5.0, K.END_JOB, R.FINISH_ACTION),
     ("finish action, pinning off", explicit(FINISH), NO_PINNING, 5.0, K.END_JOB, R.FINISH_ACTION),
-    ("final answer after tool calls", explicit(PROSE, had_tool_call=True), ON, 5.0, K.END_JOB, R.FINAL_ANSWER),
+    # Under a client's job id the user may follow an answer up: answered, not over.
+    ("final answer after tool calls", explicit(PROSE, had_tool_call=True), ON, 5.0, K.END_JOB, R.ANSWERED),
+    ("final answer after tool calls, side conversation",
+     explicit(PROSE, had_tool_call=True, side_conversation=True), ON, 5.0, K.END_JOB, R.ANSWERED),
     ("side request: prose beside another conversation, no tools offered",
      explicit(PROSE, tools_offered=False, side_conversation=True), ON, 5.0, K.END_JOB, R.FINAL_ANSWER),
     ("implicit job's reply without a call", FinishedTurn(job_id=IMPLICIT, implicit_job=True, reply=PROSE_UNREAD),
@@ -157,13 +160,16 @@ def test_a_new_implicit_job_supersedes_no_pin():
 
 
 @pytest.mark.parametrize(
-    "reason, ends, release",
-    [(R.LAST_STEP, True, "last_step"), (R.FINISH_ACTION, True, "finish_action"),
-     (R.FINAL_ANSWER, True, "last_step"), (R.ABORT, False, "abort")],
+    "reason, ends, release, end_reason",
+    [(R.LAST_STEP, True, "last_step", "last_step"), (R.FINISH_ACTION, True, "finish_action", "finish_action"),
+     (R.FINAL_ANSWER, True, "last_step", "final_answer"), (R.ANSWERED, False, "last_step", "final_answer"),
+     (R.ABORT, False, "abort", None)],
 )
-def test_an_end_says_whether_the_job_is_over_and_how_its_pin_goes(reason, ends, release):
+def test_an_end_says_whether_the_job_is_over_and_how_its_pin_goes(reason, ends, release, end_reason):
     outcome = TurnOutcome(K.END_JOB, reason)
     assert outcome.ends_job is ends and outcome.release_reason == release
+    assert outcome.end_reason == end_reason
+    assert outcome.answered is (reason is R.ANSWERED)
 
 
 @pytest.mark.parametrize(

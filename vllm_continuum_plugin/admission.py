@@ -11,19 +11,28 @@ the admitted ones keep their contexts and finish fast.
   less than ``quiet_after_s`` ago (``max_ttl_s``: no TTL holds a context
   longer, so a job quiet for that long no longer counts on its KV).
 * Its *footprint* is its context's blocks as last seen (the prompt of its
-  admitted turn, then everything the turn computed).
+  admitted turn, then everything the turn computed). A turn whose TTL chose
+  not to hold its context (freed or offloaded) holds nothing: the job
+  leaves the demand until its next turn is admitted.
+* Blocks several jobs share (a system prompt, a tool list: the same chained
+  block hashes) are one set of blocks in the pool and count once: each job
+  counts the blocks beyond the longest prefix it shares with another job
+  under way, and each shared prefix (named by its last block's hash) counts
+  once.
 * A job's first turn is admitted when the footprints of the jobs under way
   plus its prompt fit in the pool. New jobs pass the gate in queue order
   (bounded job-level FCFS): the first that does not fit holds back every
   later one, so a large job is not overtaken forever by small ones.
 
 The bound adapts to what the jobs hold, not to a count of sessions: many
-short contexts or a few long ones. Requests without a job id (chat) and a
-job's later turns are never held.
+short contexts or a few long ones. Requests without a job id (chat), a
+job's later turns (a follow-up after an answer included: the job stays
+known) and a known session's new conversation (a sub-agent, a side request:
+the scheduler does not report them) are never held.
 
 Bounds, so that no job starves and the engine never idles for it:
 
-* a first turn that has waited ``max_wait_s`` (``job_priority_window_s``)
+* a first turn that has waited ``max_wait_s`` (``admission_max_wait_s``)
   passes whatever the pool holds;
 * when nothing is running, the first held turn passes (a gate must not
   idle the GPU).
@@ -38,11 +47,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.v1.request import Request
 
+from .prompt_prefix import PromptPrefix
+
 __all__ = ["AdmissionGate"]
+
+
+@dataclass
+class _Footprint:
+    """What one job under way holds."""
+
+    # Its context's full blocks as last seen.
+    blocks: int
+    # Its last admitted prompt (to find what later jobs share with it).
+    prompt: PromptPrefix
+    # Leading blocks it shares with another job under way, and that shared
+    # prefix's name (the hash of its last block); 0 and None: none.
+    shared: int = 0
+    shared_key: Any = None
+    # When its last turn finished (None while one is in flight).
+    finished_at: float | None = None
 
 
 class AdmissionGate:
@@ -63,8 +91,7 @@ class AdmissionGate:
         self.quiet_after_s = quiet_after_s
         self.max_wait_s = max_wait_s
         self._rank = rank
-        # job -> (footprint blocks, last finish or None while a turn is in flight)
-        self._jobs: dict[str, tuple[int, float | None]] = {}
+        self._jobs: dict[str, _Footprint] = {}
         self._new: dict[str, Request] = {}  # request id -> a waiting first turn
         self._held: list[Request] = []
         self.held_total = 0  # first turns held back in a step (a turn held for k steps counts k)
@@ -84,20 +111,37 @@ class AdmissionGate:
 
     def on_admitted(self, job_id: str, request: Request) -> None:
         """A turn of ``job_id`` was scheduled: the job is under way, with its
-        prompt's blocks (at least)."""
+        prompt's blocks (at least), sharing the longest prefix it has in
+        common with another job under way (O(jobs) hash compares)."""
         self._new.pop(request.request_id, None)
-        blocks = request.num_prompt_tokens // self.block_size
+        prompt = PromptPrefix.of_request(request, self.block_size)
         old = self._jobs.get(job_id)
-        self._jobs[job_id] = (max(blocks, old[0] if old else 0), None)
+        footprint = _Footprint(max(prompt.num_blocks, old.blocks if old else 0), prompt)
+        partner: _Footprint | None = None
+        for other_id, other in self._jobs.items():
+            if other_id == job_id:
+                continue
+            shared = min(other.prompt.shared_blocks(request.block_hashes), other.blocks)
+            if shared > footprint.shared:
+                footprint.shared, partner = shared, other
+        if partner is not None:
+            footprint.shared_key = request.block_hashes[footprint.shared - 1]
+            if partner.shared < footprint.shared:  # the partner's prefix is the shared one now
+                partner.shared, partner.shared_key = footprint.shared, footprint.shared_key
+        self._jobs[job_id] = footprint
         self._version += 1
 
     def on_turn_finished(self, job_id: str, request: Request, now: float) -> None:
         """A non-final turn finished: the job waits on its tool with this context."""
-        if job_id in self._jobs:
-            self._jobs[job_id] = (request.num_tokens // self.block_size, now)
+        footprint = self._jobs.get(job_id)
+        if footprint is not None:
+            footprint.blocks = max(footprint.shared, request.num_tokens // self.block_size)
+            footprint.finished_at = now
             self._version += 1
 
     def on_job_end(self, job_id: str) -> None:
+        """The job ended, answered, or its finished turn holds nothing (its
+        TTL freed or offloaded the context): it leaves the demand."""
         if self._jobs.pop(job_id, None) is not None:
             self._version += 1
 
@@ -108,11 +152,18 @@ class AdmissionGate:
 
     # -- the gate --------------------------------------------------------------
     def demand_blocks(self, now: float) -> int:
-        """Footprints of the jobs under way; drops jobs quiet for too long."""
-        quiet = [j for j, (_, t) in self._jobs.items() if t is not None and now - t >= self.quiet_after_s]
+        """Blocks the jobs under way hold, shared prefixes once; drops jobs
+        quiet for too long."""
+        quiet = [j for j, f in self._jobs.items() if f.finished_at is not None and now - f.finished_at >= self.quiet_after_s]
         for job_id in quiet:
             del self._jobs[job_id]
-        return sum(blocks for blocks, _ in self._jobs.values())
+        prefixes: dict[Any, int] = {}
+        own = 0
+        for f in self._jobs.values():
+            own += f.blocks - f.shared
+            if f.shared:
+                prefixes[f.shared_key] = max(prefixes.get(f.shared_key, 0), f.shared)
+        return own + sum(prefixes.values())
 
     def hold_back(self, waiting: Any, running: bool, now: float) -> None:
         """Take the first turns that must wait out of ``waiting`` (a
@@ -136,7 +187,8 @@ class AdmissionGate:
         blocked = False
         valid_until = math.inf
         for request in candidates:
-            need = request.num_prompt_tokens // self.block_size
+            # Its prefix that jobs under way hold already costs nothing more.
+            need = request.num_prompt_tokens // self.block_size - self._held_prefix(request)
             due = request.arrival_time + self.max_wait_s
             if now >= due:
                 continue  # overdue: passes whatever the pool holds
@@ -148,12 +200,17 @@ class AdmissionGate:
             valid_until = min(valid_until, due)
         if decision:
             # A quiet job leaving the demand may open the gate.
-            for _, finished in self._jobs.values():
-                if finished is not None:
-                    valid_until = min(valid_until, finished + self.quiet_after_s)
+            for f in self._jobs.values():
+                if f.finished_at is not None:
+                    valid_until = min(valid_until, f.finished_at + self.quiet_after_s)
         self._decision = decision
         self._decided = (self._version, running)
         self._valid_until = valid_until
+
+    def _held_prefix(self, request: Request) -> int:
+        """The longest prefix of ``request``'s prompt a job under way holds."""
+        return max((min(f.prompt.shared_blocks(request.block_hashes), f.blocks) for f in self._jobs.values()),
+                   default=0)
 
     def restore(self, waiting: Any) -> int:
         """Put the held first turns back (after ``schedule()``); returns how

@@ -88,9 +88,12 @@ class ContinuumConfig:
     # Largest share of the KV pool that pins may hold (0 < x <= 1).
     max_pinned_fraction: float = ranged(0.5, Range(0.0, 1.0, lo_open=True))
     # Admission: hold a new job's first turn while the contexts of the jobs
-    # under way fill the KV pool (at most job_priority_window_s; off with a
+    # under way fill the KV pool (at most admission_max_wait_s; off with a
     # KV connector, whose tier the pool bound does not count).
     admission: bool = True
+    # Admission: the longest a new job's first turn is held back (then it
+    # passes whatever the pool holds).
+    admission_max_wait_s: float = ranged(600.0, _SECONDS)
     # Samples kept per tool key (and globally) for the CDF. Capped at 2**16:
     # each new sample is an O(n) insert and each decision an O(n) pass on
     # the scheduler thread.

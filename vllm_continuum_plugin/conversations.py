@@ -8,11 +8,18 @@ harnesses send one-turn side requests (a session title, a summary) under it.
 So a session id names up to ``max_conversations`` *conversations*, each a job
 of its own: its own pin, tool-time measurement, queue order, soft-pin rank
 and end. A request acts on the conversation whose context it continues,
-decided by prefix as implicit jobs are:
+decided by shared prefix (:mod:`~.prompt_prefix`):
 
-1. a conversation whose pin the request continues, or the prompt of one of
-   its last ``MAX_ANCHORS`` turns (in flight or finished), in most recently
-   used order: that one;
+1. among the session's conversations of the request's client scope, the one
+   whose recent prompt (one of its last ``MAX_PROMPTS`` turns', in flight
+   or finished) the request continues with the longest shared prefix: more
+   than the conversation's *base* (what its first turn found in the prefix
+   cache: a system prompt, tools, computed by earlier traffic) and at least
+   half of that prompt's blocks beyond it. A prompt's rewritten tail
+   (reasoning dropped from history, a reminder, AIPerf's hash-block
+   prompts) still continues it; a compacted history or a sub-agent sharing
+   only the system prompt does not. Ties go to the most recently used; a
+   conversation whose pin the request continues counts too;
 2. else a new conversation of the session. The session's first keeps the
    session id as its job key; later ones get ``conversation_key(session,
    n)``, which no client can name (the separator is not printable, and job
@@ -23,19 +30,21 @@ decided by prefix as implicit jobs are:
    DEBUG line and the ``context_mismatches`` counter).
 
 This is what keeps a job id from being a bearer token: a request under
-another client's id that does not continue its context becomes a
-conversation of its own. It cannot end the victim's job, have its arrival
-measured as the victim's tool time, rank by the victim's first arrival or
-take the victim's pin.
+another client's id that does not continue its context, or comes from
+another client scope, becomes a conversation of its own. It cannot end the
+victim's job, have its arrival measured as the victim's tool time, rank by
+the victim's first arrival or take the victim's pin.
 
-What a turn's prompt is compared by is its *anchor*: the index and hash of
-its prompt's last full block (block hashes chain, so one equal hash means an
-equal prefix: O(1) per anchor). A prompt shorter than one block has no
-anchor (None) and is continued by anything.
+A prompt shorter than one block continues nothing (and is continued by
+nothing): two such requests of a session are two conversations.
+
+Matching costs O(conversations x ``MAX_PROMPTS`` x log ``CHECKPOINTS``) hash
+compares per request, whatever the prompts' lengths.
 
 Invariants: at most ``max_jobs`` conversations in all (the sessions used
 least recently go first), ``max_conversations`` per session and
-``MAX_ANCHORS`` anchors per conversation are remembered; a conversation's key
+``MAX_PROMPTS`` prompts per conversation (``CHECKPOINTS`` hashes each) are
+remembered; a conversation's key
 is never another session's; a conversation whose job ends is forgotten (its
 key is free again), and one forgotten to make room has its job state
 forgotten too (``on_evict``), so a key used again starts a fresh job.
@@ -53,24 +62,22 @@ from typing import Any
 
 from .estimators.history import JobState
 from .metadata import JobMetadata
+from .prompt_prefix import PromptPrefix
 from .request_record import request_record
 
 logger = logging.getLogger("vllm.continuum_plugin")
 
 __all__ = [
-    "MAX_ANCHORS",
     "MAX_CONVERSATIONS",
-    "Anchor",
+    "MAX_PROMPTS",
     "Conversations",
-    "anchor_continued",
     "conversation_key",
-    "prompt_anchor",
     "session_of",
 ]
 
 # Recent turns' prompts remembered per conversation: a retry or an
 # overlapping turn of the same conversation continues one of them.
-MAX_ANCHORS = 4
+MAX_PROMPTS = 2
 # Conversations per session id: a main conversation, its sub-agents running
 # at once, a side request or two.
 MAX_CONVERSATIONS = 8
@@ -78,25 +85,6 @@ MAX_CONVERSATIONS = 8
 # a client sends can contain it (metadata.parse_job_id), so no client can
 # name another session's conversation.
 SEPARATOR = "\x1f"
-
-# (index, hash) of a prompt's last full block.
-Anchor = tuple[int, Any]
-
-
-def prompt_anchor(request: Any, block_size: int) -> Anchor | None:
-    """(index, hash) of the last full block of ``request``'s prompt; None
-    when the prompt is shorter than one block."""
-    index = min(request.num_prompt_tokens // block_size, len(request.block_hashes)) - 1
-    return (index, request.block_hashes[index]) if index >= 0 else None
-
-
-def anchor_continued(anchor: Anchor | None, block_hashes: Sequence[Any]) -> bool:
-    """Does a request with these block hashes continue the prompt ``anchor``
-    was taken from (None: nothing to compare, so yes)?"""
-    if anchor is None:
-        return True
-    index, block_hash = anchor
-    return index < len(block_hashes) and block_hashes[index] == block_hash
 
 
 def conversation_key(session: str, number: int) -> str:
@@ -120,17 +108,26 @@ def shown(key: str) -> str:
 @dataclass
 class _Conversation:
     key: str
-    # Anchors of its recent turns' prompts, oldest first.
-    anchors: list[Anchor | None] = field(default_factory=list)
+    # Its recent turns' prompts, oldest first.
+    prompts: list[PromptPrefix] = field(default_factory=list)
 
-    def continued_by(self, block_hashes: Sequence[Any]) -> bool:
-        return any(anchor_continued(anchor, block_hashes) for anchor in self.anchors)
+    def continuation(self, block_hashes: Sequence[Any], base_blocks: int) -> int | None:
+        """The most blocks a request shares with a recent prompt it
+        continues (:meth:`PromptPrefix.continuation`), else None."""
+        best: int | None = None
+        for prompt in self.prompts:
+            shared = prompt.continuation(block_hashes, base_blocks)
+            if shared is not None and (best is None or shared > best):
+                best = shared
+        return best
 
-    def add(self, anchor: Anchor | None) -> None:
-        if anchor in self.anchors:
-            self.anchors.remove(anchor)
-        self.anchors.append(anchor)
-        del self.anchors[:-MAX_ANCHORS]
+    def add(self, prompt: PromptPrefix) -> None:
+        if prompt.num_blocks == 0:
+            return  # continues nothing, so nothing continues it
+        if prompt in self.prompts:
+            self.prompts.remove(prompt)
+        self.prompts.append(prompt)
+        del self.prompts[:-MAX_PROMPTS]
 
 
 @dataclass
@@ -220,12 +217,12 @@ class Conversations:
         (None: it holds none)."""
         session_id = meta.job_id
         assert session_id is not None
-        anchor = prompt_anchor(request, self._block_size)
+        prompt = PromptPrefix.of_request(request, self._block_size)
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = _Session()
         self._sessions.move_to_end(session_id)
-        key = self._continued(session, request.block_hashes, continues_pin)
+        key = self._continued(session, request.block_hashes, meta.scope, job_of, continues_pin)
         if key is None:
             key = self._start(session_id, session, job_of, continues_pin)
             if key is None:
@@ -237,18 +234,31 @@ class Conversations:
                 return dataclasses.replace(meta, job_id=None)
         conversation = session.conversations[key]
         session.conversations.move_to_end(key)
-        conversation.add(anchor)
+        conversation.add(prompt)
         self._evict_sessions()
         return meta if key == session_id else dataclasses.replace(meta, job_id=key)
 
     def _continued(
-        self, session: _Session, block_hashes: Sequence[Any], continues_pin: Callable[[str], bool | None],
+        self, session: _Session, block_hashes: Sequence[Any], scope: str,
+        job_of: Callable[[str], JobState | None], continues_pin: Callable[[str], bool | None],
     ) -> str | None:
-        """The most recently used conversation ``block_hashes`` continue."""
+        """The conversation of ``scope`` that ``block_hashes`` continue with
+        the longest shared prefix (ties: the most recently used), else one
+        whose pin they continue, else None."""
+        best: str | None = None
+        best_shared = 0
+        by_pin: str | None = None
         for key in reversed(session.conversations):
-            if continues_pin(key) or session.conversations[key].continued_by(block_hashes):
-                return key
-        return None
+            job = job_of(key)
+            if job is not None and job.scope != scope:
+                continue  # another client's conversation is never continued
+            base = (job.first_hit_tokens or 0) // self._block_size if job is not None else 0
+            shared = session.conversations[key].continuation(block_hashes, base)
+            if shared is not None and shared > best_shared:
+                best, best_shared = key, shared
+            elif by_pin is None and continues_pin(key):
+                by_pin = key
+        return best if best is not None else by_pin
 
     def _start(
         self, session_id: str, session: _Session, job_of: Callable[[str], JobState | None],

@@ -33,7 +33,7 @@ from typing import Any
 from .clock import Clock
 from .metrics import EngineMetrics
 from .offload_backend import OffloadBackend
-from .conversations import prompt_anchor
+from .prompt_prefix import PromptPrefix
 from .pin_table import Pin, PinTable, continues
 
 logger = logging.getLogger("vllm.continuum_plugin")
@@ -63,7 +63,7 @@ class PinManager:
         self._free_blocks = free_blocks or (
             lambda blocks, fence: kv_cache_manager.block_pool.free_blocks(reversed(blocks))
         )
-        # Tokens per block of the requests' block hashes (pin anchors).
+        # Tokens per block of the requests' block hashes (pins' prompts).
         self._block_size = block_size
         self.max_pinned_blocks = max_pinned_blocks
         self._metrics = metrics
@@ -167,7 +167,7 @@ class PinManager:
             ttl_s=ttl_s,
             tool_key=tool_key,
             speed=speed,
-            anchor=prompt_anchor(request, self._block_size),
+            prefix=PromptPrefix.of_request(request, self._block_size),
             fence=fence,
         )
         self.table.add(pin)

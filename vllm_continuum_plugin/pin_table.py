@@ -27,7 +27,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from .conversations import Anchor, anchor_continued
+from .prompt_prefix import PromptPrefix
 
 __all__ = ["Pin", "PinTable", "continues"]
 
@@ -47,11 +47,11 @@ class Pin:
     tool_key: str
     # ContextServe's class of the tool ("fast" / "uncertain"), else None.
     speed: str | None = None
-    # (index, hash) of the last full block of the finished turn's prompt:
-    # a request continues this job's context (and may take the pin over or
-    # end it) only if its own block hash at that index is the same. None: a
-    # prompt shorter than one block, nothing to check.
-    anchor: Anchor | None = None
+    # The finished turn's prompt: a request continues this job's context
+    # (and may take the pin over or end it) only if it continues that prompt
+    # (``PromptPrefix.continued_by``: most of it, a rewritten tail allowed).
+    # None: continued by nothing.
+    prefix: PromptPrefix | None = None
     # The engine step that may still write these blocks when they were
     # pinned (vLLM's deferred frees), else None.
     fence: int | None = None
@@ -63,9 +63,9 @@ class Pin:
 
 def continues(pin: Pin, block_hashes: Any) -> bool:
     """Does a request with these block hashes continue the context ``pin``
-    holds (its prompt starts with the pinned turn's prompt)? O(1): block
-    hashes chain, so one equal hash means an equal prefix."""
-    return anchor_continued(pin.anchor, block_hashes)
+    holds (it shares most of the pinned turn's prompt, see
+    :mod:`~.prompt_prefix`)? O(log checkpoints) hash compares."""
+    return pin.prefix is not None and pin.prefix.continued_by(block_hashes)
 
 
 class PinTable:

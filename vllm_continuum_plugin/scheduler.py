@@ -61,7 +61,7 @@ Invariants: each pinned block carries exactly one reference owned by its pin;
 pool exactly then; the pinned share of the pool (distinct blocks) never
 exceeds ``max_pinned_fraction``; a first turn the admission gate holds is
 out of the waiting queue only inside ``schedule()`` and never longer than
-``job_priority_window_s`` in all; requests without a job id whose reply
+``admission_max_wait_s`` in all; requests without a job id whose reply
 calls no tool, and every untagged request when ``implicit_jobs`` is off,
 behave exactly as FCFS (the gate never holds them); client metadata always
 wins over an implicit match; a request that does not continue the context
@@ -239,7 +239,7 @@ class ContinuumSchedulerMixin:
                 capacity_blocks=max(1, usable_blocks),
                 block_size=self.block_size,
                 quiet_after_s=cfg.max_ttl_s,
-                max_wait_s=cfg.job_priority_window_s,
+                max_wait_s=cfg.admission_max_wait_s,
                 rank=self.order.queue_key,
             )
         logger.info(
@@ -328,7 +328,10 @@ class ContinuumSchedulerMixin:
             self.decider.observe(job.last_call, measured, job.scope)
             self.continuum_metrics.on_tool_time(measured, job.last_predicted_s)
         self._waiting_turns.add(meta.job_id, request)
-        if self.admission is not None and job.turns_finished == 0 and job.in_flight == 1:
+        if (self.admission is not None and job.turns_finished == 0 and job.in_flight == 1
+                and not self.conversations.has_siblings(meta.job_id)):
+            # A new session's first turn; a known session's new conversation
+            # (a sub-agent, a side request) is never held behind strangers.
             self.admission.on_first_turn(request)
 
     def _forget_waiting(self, request: Request) -> None:
@@ -469,6 +472,7 @@ class ContinuumSchedulerMixin:
                 job_id, request, self.replies.decode, stop_token_ids(request), meta.scope
             )
         if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
+            self._holds_nothing(job_id)
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         # With async scheduling and a KV-consumer connector (the default GPU
@@ -497,6 +501,7 @@ class ContinuumSchedulerMixin:
         if outcome.supersedes_pin:  # a newer turn of the same context
             self.pins.release(job_id, "handoff")
         if outcome.kind is TurnOutcomeKind.OFFLOAD:
+            self._holds_nothing(job_id)
             self.continuum_metrics.on_ttl_decision(0.0)
             if self.offload is not None:  # SLOW tool: reload later, not recompute
                 self.offload.save_request(request, hold_job=job_id)
@@ -506,21 +511,30 @@ class ContinuumSchedulerMixin:
             request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
         )
 
+    def _holds_nothing(self, job_id: str) -> None:
+        """The job's finished turn keeps no blocks (its TTL chose not to
+        hold, or pinning is off): the gate stops counting it as holding."""
+        if self.admission is not None and job_id not in self.pins:
+            self.admission.on_job_end(job_id)
+
     def _end_job(self, request: Request, outcome: TurnOutcome, normal: bool, continues_pin: bool) -> None:
-        """The job's last turn or an aborted turn (``outcome.ends_job``
-        False) finished: release its pin, free its blocks."""
+        """The job's last turn, an answer its session may follow up
+        (``outcome.answered``: the state stays, the blocks age as stock
+        LRU) or an aborted turn (``outcome.end_reason`` None) finished:
+        release its pin, free its blocks."""
         job_id = request_meta(request).job_id
         assert job_id is not None
         ends = outcome.ends_job
         job = self.jobs.on_finish(job_id, self.clock.time(), None, counted=normal)
         shared_tokens = job.first_hit_tokens if job is not None else None
-        if ends and normal and job is not None:
+        end_reason = outcome.end_reason
+        if end_reason is not None and normal and job is not None:
             self.turn_correlation.add_job(job.turns_finished)
-        self._forget_job(job_id, outcome.reason.value if ends else None,
-                         outcome.release_reason if continues_pin else None)
+        self._forget_job(job_id, end_reason, outcome.release_reason if continues_pin else None,
+                         forget_state=ends)
         if ends and self.offload is not None:
             self.offload.demote_request(request)  # nobody reloads a finished job's context
-        if not ends or shared_tokens is None:  # an abort may be retried: LRU as usual
+        if not ends or shared_tokens is None:  # retried, followed up: LRU as usual
             super()._free_request_blocks(request)  # type: ignore[misc]
             return
         blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks
@@ -528,14 +542,19 @@ class ContinuumSchedulerMixin:
         moved = evict_first(self.kv_cache_manager.block_pool, blocks, shared_tokens // self.block_size)
         logger.debug("continuum: job %s ended; %d of its blocks go first out of the prefix cache", job_id, moved)
 
-    def _forget_job(self, job_id: str, end_reason: str | None, release_reason: str | None) -> None:
-        """A job ended (``end_reason``, counted; its state is forgotten) or
-        its turn aborted (None: the state stays, the job may retry); its pin
-        goes when ``release_reason`` is given, its offload hold always."""
+    def _forget_job(self, job_id: str, end_reason: str | None, release_reason: str | None,
+                    forget_state: bool = True) -> None:
+        """A job's task ended (``end_reason``, counted; its state is
+        forgotten unless ``forget_state`` is False: an answer its session
+        may follow up) or its turn aborted (None: the state stays, the job
+        may retry); its pin goes when ``release_reason`` is given, its
+        offload hold always."""
+        ended = end_reason is not None and forget_state
         if end_reason is not None:
+            self.continuum_metrics.on_job_end(end_reason)
+        if ended:
             self.jobs.forget(job_id)
             self.conversations.forget(job_id)
-            self.continuum_metrics.on_job_end(end_reason)
         if self.admission is not None:
             self.admission.on_job_end(job_id)
         if self.implicit_jobs is not None:
@@ -544,8 +563,9 @@ class ContinuumSchedulerMixin:
         if release_reason is not None:
             self.pins.release(job_id, release_reason)
         if self.offload is not None:
-            # An ended job's stored blocks go first; an aborted turn may be retried: keep them.
-            self.offload.end_hold(job_id, demote=end_reason is not None)
+            # An ended job's stored blocks go first; an aborted turn may be
+            # retried, an answer followed up: keep them.
+            self.offload.end_hold(job_id, demote=ended)
 
     def _start_implicit_job(self, request: Request, meta: JobMetadata) -> JobMetadata:
         """An untagged turn that called a tool: from now on it is a job."""

@@ -16,7 +16,10 @@ A finished turn becomes exactly one of (:class:`TurnOutcomeKind`):
 * ``END_JOB`` -- the job's last turn (the client's ``is_last_step``, a
   finish action, a final answer) or a turn that did not finish normally
   (abort, error: reason ``abort``, the job is not over). The job's pin goes,
-  the blocks are freed.
+  the blocks are freed. A final answer after tool calls under a client's
+  session id (reason ``answered``) ends the agent's task but not the
+  session: the user's next message may continue it, so the job stays known
+  (its rank, its turns) and its blocks age as stock LRU.
 * ``FREE`` -- the job goes on but keeps nothing: pinning is off (prefix
   caching disabled), or the job's pin holds another context than this
   turn's (an overlapping turn of another branch keeps it).
@@ -83,6 +86,9 @@ class TurnReason(enum.Enum):
     LAST_STEP = "last_step"
     FINISH_ACTION = "finish_action"
     FINAL_ANSWER = "final_answer"
+    # A final answer after tool calls in a client-named job: the task ended,
+    # the session may go on (the user's follow-up continues the job).
+    ANSWERED = "answered"
     ABORT = "abort"  # aborted or failed: the job is not over, its pin goes
     # RETAIN, FREE, OFFLOAD, PIN
     CONTINUES = "continues"
@@ -98,6 +104,7 @@ _RELEASE_REASON_AT_END = {
     TurnReason.LAST_STEP: "last_step",
     TurnReason.FINISH_ACTION: "finish_action",
     TurnReason.FINAL_ANSWER: "last_step",
+    TurnReason.ANSWERED: "last_step",
     TurnReason.ABORT: "abort",
 }
 
@@ -188,8 +195,23 @@ class TurnOutcome:
 
     @property
     def ends_job(self) -> bool:
-        """The job is over (its state is forgotten); an abort is not an end."""
-        return self.kind is TurnOutcomeKind.END_JOB and self.reason is not TurnReason.ABORT
+        """The job is over (its state is forgotten); an abort is not an end,
+        nor an answer its session may follow up (``answered``)."""
+        return self.kind is TurnOutcomeKind.END_JOB and self.reason not in (TurnReason.ABORT, TurnReason.ANSWERED)
+
+    @property
+    def answered(self) -> bool:
+        """The job's task ended with an answer its user may follow up: its
+        pin goes, its state stays (END_JOB only)."""
+        return self.kind is TurnOutcomeKind.END_JOB and self.reason is TurnReason.ANSWERED
+
+    @property
+    def end_reason(self) -> str | None:
+        """The metrics' job-end reason (``metrics.JOB_END_REASONS``) of a
+        turn that ends its job's task, else None (an abort)."""
+        if self.ends_job:
+            return self.reason.value
+        return TurnReason.FINAL_ANSWER.value if self.answered else None
 
     @property
     def release_reason(self) -> str:
@@ -260,7 +282,11 @@ def decide_turn(turn: FinishedTurn, rules: TurnRules) -> TurnOutcome:
     elif reply.calls_tool and reply.finish_action:
         return _end(TurnReason.FINISH_ACTION)
     elif not reply.calls_tool and _is_final_answer(turn, reply):
-        return _end(TurnReason.FINAL_ANSWER)
+        # After tool calls under a client's job id the user may follow up
+        # (an implicit job has no id to come back under; a side request
+        # that called no tool has nothing to follow).
+        answered = turn.had_tool_call and not turn.implicit_job
+        return _end(TurnReason.ANSWERED if answered else TurnReason.FINAL_ANSWER)
     if not rules.pinning:
         return TurnOutcome(TurnOutcomeKind.FREE, TurnReason.NO_PINNING, starts_implicit_job=starts_implicit)
     # A new implicit job holds no pin yet.

@@ -1,0 +1,69 @@
+"""Which prompt continues which: the shared-prefix rule (``prompt_prefix``), as pure logic.
+
+Block hashes are stand-ins that chain as vLLM's do: ``h(i, tag)`` is equal
+for two prompts exactly when they agree up to block ``i``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_continuum_plugin.prompt_prefix import CHECKPOINTS, CONTINUE_SHARE, PromptPrefix
+
+
+def chain(n: int, diverge_at: int | None = None, tag: str = "b") -> list[str]:
+    """n chained hashes; from ``diverge_at`` on they belong to branch ``tag``."""
+    return [f"{i}" if diverge_at is None or i < diverge_at else f"{i}-{tag}" for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 5, CHECKPOINTS, CHECKPOINTS + 1, 1000, 6250])
+def test_a_prompt_continued_whole_shares_all_its_blocks(n):
+    prefix = PromptPrefix(chain(n), n)
+    assert prefix.shared_blocks(chain(n + 7)) == n
+    assert prefix.continued_by(chain(n + 7))
+
+
+@pytest.mark.parametrize("n, diverge", [(1000, 999), (1000, 700), (1000, 501), (6250, 3126), (40, 30), (7, 4)])
+def test_the_shared_prefix_is_known_to_one_checkpoint_and_never_overstated(n, diverge):
+    prefix = PromptPrefix(chain(n), n)
+    shared = prefix.shared_blocks(chain(n + 3, diverge_at=diverge))
+    assert shared <= diverge  # never more than really shared
+    assert diverge - shared < n / min(n, CHECKPOINTS) + 1  # within one checkpoint's spacing
+
+
+def test_a_rewritten_tail_continues_and_a_compacted_history_does_not():
+    prefix = PromptPrefix(chain(1000), 1000)
+    assert prefix.continued_by(chain(1010, diverge_at=995))  # AIPerf's tail block, a reminder
+    assert prefix.continued_by(chain(800, diverge_at=600))  # reasoning dropped from history
+    assert not prefix.continued_by(chain(300, diverge_at=200))  # a summary after the system prompt
+
+
+def test_the_base_others_share_is_no_continuation_but_is_capped_at_half_the_prompt():
+    prefix = PromptPrefix(chain(100), 100)
+    # 40 blocks of system prompt and tools came from other traffic: a sub-agent
+    # sharing 45 shares too little beyond them; one sharing 75 continues.
+    assert not prefix.continued_by(chain(120, diverge_at=45), base_blocks=40)
+    assert prefix.continued_by(chain(120, diverge_at=75), base_blocks=40)
+    # A resumed session whose first turn hit everything: the base counts as
+    # half the prompt, so the prompt can still be continued.
+    assert prefix.continued_by(chain(120, diverge_at=99), base_blocks=100)
+    assert prefix.continuation(chain(120, diverge_at=40), base_blocks=40) is None
+
+
+def test_a_prompt_shorter_than_a_block_continues_nothing():
+    prefix = PromptPrefix([], 0)
+    assert prefix.shared_blocks(chain(10)) == 0
+    assert not prefix.continued_by(chain(10)) and not prefix.continued_by([])
+
+
+def test_the_threshold_is_half_of_the_own_blocks():
+    assert CONTINUE_SHARE == 0.5
+    prefix = PromptPrefix(chain(10), 10)
+    assert prefix.continued_by(chain(12, diverge_at=5))
+    assert not prefix.continued_by(chain(12, diverge_at=4))
+
+
+def test_memory_is_bounded_whatever_the_prompt_length():
+    assert len(PromptPrefix(chain(100_000), 100_000)._hashes) == CHECKPOINTS
+    with pytest.raises(ValueError, match="num_blocks"):
+        PromptPrefix(chain(3), 4)

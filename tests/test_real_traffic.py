@@ -1,0 +1,212 @@
+"""What real clients send, on a real vLLM scheduler (issue 32).
+
+Real clients do not continue the previous prompt verbatim, do not flag
+their last step, and share a system prompt between sessions:
+
+* AIPerf rebuilds each prompt from a trace's hash blocks, so the previous
+  prompt's partial tail block is not in the next one; Claude Code rewrites
+  its reminders near the tail: the turn still continues its conversation
+  and takes its pin over;
+* chat templates drop earlier reasoning from history at the user's next
+  message, and an answer after tool calls is not the end of an interactive
+  session: the follow-up continues the job, keeps its rank, and finds its
+  context (its blocks aged as stock LRU, not evicted first);
+* a sub-agent (a known session's new conversation) is never held by the
+  admission gate behind strangers' new sessions;
+* the gate counts blocks several jobs share once, and a job whose TTL chose
+  not to hold its context not at all.
+
+Each of these failed before prompts were matched by shared prefix. Time is
+the scheduler's manual clock; every test ends with every block free.
+"""
+
+from __future__ import annotations
+
+import pytest
+from harness import (
+    admitted_cached_tokens,
+    make_request,
+    make_scheduler,
+    prompt_of,
+    run_until_finished,
+    scripted,
+    step,
+    tiny_tokens,
+)
+from scheduler_turns import assert_all_blocks_free
+
+from vllm_continuum_plugin.request_record import request_meta
+
+BLOCK = 16
+EOS = 2
+TTL_S = 60.0
+FIXED = {"ttl_policy": "fixed", "fixed_ttl_s": TTL_S, "default_ttl_s": TTL_S}
+
+
+def call(command: str) -> list[int]:
+    return tiny_tokens('<tool_call>\n{"name": "Bash", "arguments": {"command": "' + command + '"}}\n</tool_call>')
+
+
+def session_turn(s, session: str, prompt: list[int], reply: list[int]):
+    """A request as the API server builds it for a session header."""
+    r = scripted(make_request(prompt, max_tokens=len(reply)), reply)
+    r.session_id = session
+    s.add_request(r)
+    return r
+
+
+def run_for_hit(s, request, *others, max_steps: int = 500) -> int:
+    """Step until ``request`` and ``others`` finish; ``request``'s prefix-cache
+    hit (tokens) when it was admitted."""
+    hit = None
+    for _ in range(max_steps):
+        output = step(s)
+        got = admitted_cached_tokens(output, request)
+        hit = got if got is not None and hit is None else hit
+        if request.is_finished() and all(r.is_finished() for r in others):
+            assert hit is not None
+            return hit
+    raise AssertionError(f"not finished in {max_steps} steps")
+
+
+def snap(s) -> dict:
+    return s.continuum_metrics.snapshot()
+
+
+def lapse_every_pin(s) -> None:
+    s.clock.advance(10 * TTL_S)
+    step(s)
+
+
+@pytest.mark.parametrize("policy", ["continuum", "context_serve"])
+def test_a_prompt_whose_tail_block_changed_continues_its_conversation_and_takes_its_pin(policy):
+    s = make_scheduler(policy, num_blocks=96, continuum=FIXED)
+    p1 = prompt_of(1, 6 * BLOCK + 5)  # 6 full blocks and a partial one
+    r1 = session_turn(s, "aiperf-1", p1, call("ls") + [EOS])
+    run_until_finished(s, [r1])
+    assert "aiperf-1" in s.pins
+    # AIPerf's next prompt: the previous prompt's last block (and partial
+    # tail) rebuilt from other text, then the new turn's blocks.
+    p2 = p1[: 5 * BLOCK] + prompt_of(2, 3 * BLOCK)
+    s.clock.advance(1.0)
+    r2 = session_turn(s, "aiperf-1", p2, call("pwd") + [EOS])
+    assert request_meta(r2).job_id == "aiperf-1"
+    assert run_for_hit(s, r2) >= 5 * BLOCK  # its context was kept
+    m = snap(s)
+    assert m["pins_released"]["handoff"] == 1 and m["conversations_started"] == 0
+    lapse_every_pin(s)
+    assert_all_blocks_free(s)
+
+
+def test_reasoning_stripped_at_a_follow_up_continues_the_answered_job_with_its_rank_and_context():
+    s = make_scheduler("continuum", num_blocks=64, continuum=FIXED)
+    system_and_task = prompt_of(3, 10 * BLOCK)
+    think1 = tiny_tokens("<think>" + "the add function looks wrong, check it " * 3 + "</think>")
+    call1 = call("cat add.py")
+    result1 = prompt_of(4, 20)
+    r1 = session_turn(s, "chat-1", system_and_task, think1 + call1 + [EOS])
+    run_until_finished(s, [r1])
+    # Within the tool loop the template keeps this turn's reasoning.
+    p2 = system_and_task + think1 + call1 + result1
+    s.clock.advance(1.0)
+    answer = tiny_tokens("add() subtracts; fixed.")
+    r2 = session_turn(s, "chat-1", p2, tiny_tokens("<think>found it</think>") + answer + [EOS])
+    run_until_finished(s, [r2])
+    # An answer after tool calls: the task ended, the session did not.
+    job = s.jobs.get("chat-1")
+    assert job is not None and "chat-1" not in s.pins
+    assert snap(s)["jobs_ended"]["final_answer"] == 1
+    first_arrival = job.first_arrival
+    # Other traffic while the user reads: 40 of the pool's free blocks. An
+    # ended job's blocks would go first; an answered one's age as LRU.
+    chat = [make_request(prompt_of(10 + i, 10 * BLOCK), max_tokens=2) for i in range(4)]
+    for r in chat:
+        s.add_request(r)
+    run_until_finished(s, chat)
+    # A stranger's new session arrives, then the user's follow-up, whose
+    # history has every earlier reasoning dropped by the chat template.
+    stranger = make_request(prompt_of(20, 4 * BLOCK), max_tokens=2, job_id="stranger", is_last_step=True)
+    s.add_request(stranger)
+    p3 = system_and_task + call1 + result1 + answer + prompt_of(5, 12)
+    r3 = session_turn(s, "chat-1", p3, answer + [EOS])
+    assert request_meta(r3).job_id == "chat-1"
+    assert s.jobs.get("chat-1").first_arrival == first_arrival
+    assert s.order.queue_key(r3) < s.order.queue_key(stranger)  # keeps the job's rank
+    assert run_for_hit(s, r3, stranger) >= 10 * BLOCK  # found its context
+    assert snap(s)["conversations_started"] == 0
+    lapse_every_pin(s)
+    assert_all_blocks_free(s)
+
+
+def test_a_sub_agent_is_not_held_behind_a_strangers_new_session():
+    # Job "a" under way with a 40-block context (its pin lapsed: only the
+    # prefix cache holds it); a stranger's 30-block first turn is held.
+    s = make_scheduler(num_blocks=64, max_num_seqs=4, continuum={"default_ttl_s": 1.0})
+    prompt_a = prompt_of(30, 40 * BLOCK - 8)
+    r1 = make_request(prompt_a, max_tokens=4, job_id="a", is_last_step=False)
+    s.add_request(r1)
+    run_until_finished(s, [r1])
+    s.clock.advance(1.5)
+    step(s)
+    chat = make_request(prompt_of(31, 2 * BLOCK), max_tokens=200)  # keeps the engine busy
+    s.add_request(chat)
+    step(s)
+    stranger = make_request(prompt_of(32, 30 * BLOCK), max_tokens=4, job_id="b", is_last_step=True)
+    s.add_request(stranger)
+    for _ in range(3):
+        step(s)
+    assert stranger.num_computed_tokens == 0 and stranger in s.waiting
+    # Session "a" starts a sub-agent: a new conversation of a known session.
+    sub = make_request(prompt_of(33, 8 * BLOCK), max_tokens=4, job_id="a", is_last_step=True)
+    s.add_request(sub)
+    assert request_meta(sub).job_id != "a"
+    step(s)
+    assert sub.num_computed_tokens > 0  # admitted at once
+    assert stranger.num_computed_tokens == 0
+    run_until_finished(s, [sub, chat, stranger])
+    end = make_request(list(prompt_a) + list(r1.output_token_ids) + prompt_of(34, 8), max_tokens=2,
+                       job_id="a", is_last_step=True)
+    s.add_request(end)
+    run_until_finished(s, [end])
+    lapse_every_pin(s)
+    assert_all_blocks_free(s)
+
+
+def test_shared_system_blocks_count_once_in_the_gates_demand():
+    s = make_scheduler(num_blocks=128, continuum=FIXED)
+    system = prompt_of(40, 20 * BLOCK)
+    jobs = []
+    for i, name in enumerate(("a", "b", "c")):
+        r = make_request(system + prompt_of(41 + i, 5 * BLOCK), max_tokens=4, job_id=name, is_last_step=False)
+        s.add_request(r)
+        run_until_finished(s, [r])
+        jobs.append(r)
+    assert all(name in s.pins for name in ("a", "b", "c"))
+    # 20 shared blocks once, plus each job's own 5 (its reply is in its
+    # last, partial block): 35, not 75 -- to within the shared prefix's
+    # resolution (a 25-block prompt keeps a hash every 2 blocks or less).
+    assert 20 + 3 * 5 <= s.admission.demand_blocks(s.clock.time()) <= 20 + 3 * 5 + 3 * 2
+    for name, r in zip(("a", "b", "c"), jobs):
+        last = make_request(list(r.all_token_ids) + prompt_of(50, 4), max_tokens=2, job_id=name, is_last_step=True)
+        s.add_request(last)
+        run_until_finished(s, [last])
+    assert s.admission.demand_blocks(s.clock.time()) == 0
+    assert_all_blocks_free(s)
+
+
+def test_a_job_whose_ttl_chose_not_to_hold_is_not_counted_by_the_gate():
+    # ContextServe's rules know a Task (a sub-agent run) is SLOW: TTL 0.
+    s = make_scheduler("context_serve", num_blocks=96, continuum=FIXED)
+    task = tiny_tokens('<tool_call>\n{"name": "Task", "arguments": {"prompt": "find the bug"}}\n</tool_call>')
+    r = scripted(make_request(prompt_of(60, 20 * BLOCK), max_tokens=len(task) + 1, job_id="slow"), task + [EOS])
+    s.add_request(r)
+    run_until_finished(s, [r])
+    assert "slow" not in s.pins and s.jobs.get("slow") is not None
+    assert s.admission.demand_blocks(s.clock.time()) == 0
+    fast = scripted(make_request(prompt_of(61, 20 * BLOCK), max_tokens=len(call("ls")) + 1, job_id="fast"),
+                    call("ls") + [EOS])
+    s.add_request(fast)
+    run_until_finished(s, [fast])
+    assert "fast" in s.pins and s.admission.demand_blocks(s.clock.time()) >= 20
+    lapse_every_pin(s)
+    assert_all_blocks_free(s)
