@@ -97,6 +97,7 @@ from typing import Any
 
 from .aiperf_results import (cache_hit_share, counter_deltas, format_summary, read_records, request_rows,
                              summarize_arm, summarize_paths)
+from .aiperf_arms import LiveArm, parse_live_arms
 from .aiperf_traces import peak_tokens, scale_session, select_sessions, write_traces
 
 __all__ = [
@@ -146,15 +147,18 @@ def aiperf_command(
     seed: int = 0,
     timeout_s: float | None = None,
     extra: Sequence[str] = (),
+    session_header: str | None = "X-Session-ID",
 ) -> list[str]:
-    """The ``aiperf profile`` command line of one arm."""
+    """The ``aiperf profile`` command line of one arm (``session_header``
+    None: no session id is sent)."""
     n = str(concurrency or sessions)
+    header = ["--session-header", session_header] if session_header else []
     cmd = [
         aiperf, "profile",
         "--model", model, "--url", url, "--endpoint-type", "chat", "--streaming",
         "--tokenizer", tokenizer,
         "--custom-dataset-type", "weka_trace", "--input-file", traces,
-        "--session-header", "X-Session-ID",
+        *header,
         "--no-fixed-schedule", "--use-think-time-only",
         "--concurrency", n, "--conversation-num", str(sessions),
         "--extra-inputs", "ignore_eos:true",
@@ -211,6 +215,10 @@ class Plan:
     sources: list[str]
     num_blocks: int
     max_model_len: int
+    # The oracle's pool: every session's peak context at once, plus the
+    # blocks no later prompt holds (each turn's rebuilt tail and its served
+    # reply, a few blocks a turn), so nothing is ever evicted.
+    oracle_blocks: int = 0
 
     def turns(self) -> dict[str, int]:
         return {s["id"]: len(s["requests"]) for s in self.sessions}
@@ -232,21 +240,30 @@ def plan_run(args: argparse.Namespace) -> Plan:
     per_session = [math.ceil((p + TEMPLATE_SLACK) / SERVER_BLOCK) for p in peaks]
     num_blocks = args.num_blocks or max(math.ceil(sum(per_session) / 2),
                                         math.ceil(1.5 * max_model_len / SERVER_BLOCK))
-    return Plan(sessions, [p for p, _ in chosen], num_blocks, max_model_len)
+    oracle_blocks = sum(per_session) + 3 * sum(len(s["requests"]) for s in sessions) + 64
+    return Plan(sessions, [p for p, _ in chosen], num_blocks, max_model_len, max(num_blocks, oracle_blocks))
 
 
-def server_args(args: argparse.Namespace, policy: str, plan: Plan) -> list[str]:
+def arm_pool(arm: LiveArm, plan: Plan) -> int:
+    """The arm's KV pool in blocks: the run's, or for the oracle room for
+    every session's peak context at once (nothing is ever evicted)."""
+    return plan.oracle_blocks if arm.unbounded_pool else plan.num_blocks
+
+
+def server_args(args: argparse.Namespace, arm: LiveArm, plan: Plan) -> list[str]:
     from .dtype import dtype_bytes
 
+    num_blocks = arm_pool(arm, plan)
     kv_per_token = 2 * 30 * 3 * 64 * dtype_bytes(args.dtype)  # SmolLM2-135M: 30 layers, 3 KV heads x 64
-    kv_bytes = max(400_000_000, 2 * plan.num_blocks * SERVER_BLOCK * kv_per_token)
+    kv_bytes = max(400_000_000, 2 * num_blocks * SERVER_BLOCK * kv_per_token)
     extra = []
-    if args.continuum_config and policy != "fcfs":
-        extra = ["--additional-config", json.dumps({"continuum": json.loads(args.continuum_config)})]
+    settings = {**(json.loads(args.continuum_config) if args.continuum_config else {}), **arm.continuum}
+    if settings and arm.policy != "fcfs":
+        extra = ["--additional-config", json.dumps({"continuum": settings})]
     return [
-        "--scheduling-policy", policy,
+        "--scheduling-policy", arm.policy,
         "--block-size", str(SERVER_BLOCK),
-        "--num-gpu-blocks-override", str(plan.num_blocks),
+        "--num-gpu-blocks-override", str(num_blocks),
         "--kv-cache-memory-bytes", str(kv_bytes),
         "--max-model-len", str(plan.max_model_len),
         "--enforce-eager",
@@ -325,18 +342,20 @@ def _last_line(path: str, width: int = 110) -> str:
     return lines[-1][-width:] if lines else "(no output yet)"
 
 
-def run_arm(args: argparse.Namespace, policy: str, plan: Plan, traces: str, run_dir: str,
+def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run_dir: str,
             aiperf: str) -> dict[str, Any]:
     from .server import VLLMServer
 
+    policy = arm.name  # what the arm is reported as
     arm_dir = os.path.join(run_dir, policy)
     os.makedirs(arm_dir, exist_ok=True)
     t0 = time.monotonic()
-    server = VLLMServer(args.model, server_args(args, policy, plan), served_name=args.served_name,
+    server = VLLMServer(args.model, server_args(args, arm, plan), served_name=args.served_name,
                         startup_timeout_s=args.startup_timeout, dtype=args.dtype,
                         on_wait=lambda s, srv: log(f"  [{policy}] server starting {s:.0f}s: {srv.last_log_line()}"),
                         wait_report_s=20.0)
-    log(f"[{policy}] starting vllm serve (pool {plan.num_blocks} x {SERVER_BLOCK}-token blocks, "
+    log(f"[{policy}] starting vllm serve --scheduling-policy {arm.policy} (pool {arm_pool(arm, plan)} x "
+        f"{SERVER_BLOCK}-token blocks, session header {arm.session_header or 'none'}, "
         f"max-model-len {plan.max_model_len}, {args.dtype})")
     try:
         server.start()
@@ -346,7 +365,7 @@ def run_arm(args: argparse.Namespace, policy: str, plan: Plan, traces: str, run_
         cmd = aiperf_command(aiperf, url=server.url, model=args.served_name, tokenizer=args.tokenizer or args.model,
                              traces=traces, sessions=len(plan.sessions), out_dir=os.path.join(arm_dir, "aiperf"),
                              concurrency=args.concurrency, ramp_s=args.ramp, seed=args.seed,
-                             timeout_s=args.arm_timeout)
+                             timeout_s=args.arm_timeout, session_header=arm.session_header)
         with open(os.path.join(arm_dir, "aiperf_command.txt"), "w") as f:
             f.write(shlex.join(cmd) + "\n")
         log(f"[{policy}] {shlex.join(cmd)}")
@@ -373,6 +392,8 @@ def run_arm(args: argparse.Namespace, policy: str, plan: Plan, traces: str, run_
     done = {k: v["requests"] - v["failed"] for k, v in summary["per_session"].items()}
     summary["incomplete_sessions"] = sorted(k for k, n in expected.items() if done.get(k, 0) < n)
     summary["aiperf_wall_s"] = wall
+    summary["arm"] = {"policy": arm.policy, "continuum": dict(arm.continuum), "num_blocks": arm_pool(arm, plan),
+                      "session_header": arm.session_header}
     summary["server_counters"] = counter_deltas(before, after)
     summary["requests_detail"] = request_rows(records)
     return summary
@@ -384,7 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--traces", default=DEFAULT_TRACES,
                    help="directory of kv-cache-tester Claude Code trace files (default: %(default)s)")
     p.add_argument("--policies", default="fcfs,continuum,context_serve",
-                   help="comma-separated --scheduling-policy values, one arm each (default: %(default)s)")
+                   help="comma-separated arms, one server each: a --scheduling-policy value, or continuum-paper, "
+                        "oracle, POLICY-claude-header, POLICY-no-header (benchmarks/aiperf_arms.py) "
+                        "(default: %(default)s)")
     p.add_argument("--sessions", type=int, default=4, help="sessions to replay (default: %(default)s)")
     p.add_argument("--session-ids", default="",
                    help="comma-separated trace ids / file stems to replay instead of the first --sessions")
@@ -458,7 +481,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.session_ids = [s.strip() for s in args.session_ids.split(",") if s.strip()]
     args.max_input = args.max_input or None
     args.dtype = args.dtype or serving_dtype()
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    try:
+        arms = parse_live_arms(args.policies)
+    except ValueError as e:
+        print(f"--policies: {e}", file=sys.stderr)
+        return 2
     if not os.path.isdir(args.traces):
         print(f"trace directory {args.traces} not found (--traces)", file=sys.stderr)
         return 2
@@ -477,14 +504,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = gpu_command(os.path.abspath(unscaled), len(plan.sessions))
     print(f"GPU (unscaled, same sessions):\n  {gpu}", flush=True)
     if args.dry_run:
-        for policy in policies:
-            print(f"{policy}: vllm serve {args.model} {shlex.join(server_args(args, policy, plan))}")
+        for arm in arms:
+            policy = arm.name
+            print(f"{policy}: vllm serve {args.model} {shlex.join(server_args(args, arm, plan))}")
             print("  " + shlex.join(aiperf_command(args.aiperf, url="http://127.0.0.1:PORT", model=args.served_name,
                                                    tokenizer=args.tokenizer or args.model, traces=traces,
                                                    sessions=len(plan.sessions),
                                                    out_dir=os.path.join(run_dir, policy, "aiperf"),
                                                    concurrency=args.concurrency, ramp_s=args.ramp, seed=args.seed,
-                                                   timeout_s=args.arm_timeout)))
+                                                   timeout_s=args.arm_timeout, session_header=arm.session_header)))
         return 0
     if version is None:
         print(f"aiperf not found at {args.aiperf}: install it (pip install aiperf=={AIPERF_VERSION}) "
@@ -503,10 +531,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     lines = []
     failed = False
-    for policy in policies:
+    for arm in arms:
+        policy = arm.name
         t = time.monotonic()
         try:
-            summary = run_arm(args, policy, plan, traces, run_dir, args.aiperf)
+            summary = run_arm(args, arm, plan, traces, run_dir, args.aiperf)
         except Exception as e:  # one arm's failure is reported, the others still run
             log(f"[{policy}] FAILED: {e}")
             results["arms"].append({"policy": policy, "error": str(e)})

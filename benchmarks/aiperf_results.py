@@ -210,6 +210,10 @@ CONTINUUM_COUNTERS: dict[str, str] = {
     "pin_hit_tokens": "vllm_continuum:pin_hit_tokens_total",
     "preemptions": "vllm:num_preemptions_total",
     "prompt_tokens": "vllm:prompt_tokens_total",
+    # How the plugin read the sessions: jobs ended (an answered task
+    # included) and conversations beside a session's first.
+    "jobs_ended": "vllm_continuum:jobs_ended_total",
+    "session_conversations": "vllm_continuum:session_conversations_total",
 }
 
 

@@ -281,6 +281,32 @@ def test_aiperf_command_flags():
     assert "--input-file /data/traces" in gpu and "--concurrency 5 --conversation-num 5" in gpu
 
 
+def test_arms_name_the_policy_settings_pool_and_session_header():
+    from vllm_continuum_plugin.benchmarks.aiperf_arms import parse_live_arms
+
+    arms = parse_live_arms("fcfs, continuum-paper,oracle,continuum-no-header,context_serve-claude-header")
+    assert [a.name for a in arms] == ["fcfs", "continuum-paper", "oracle", "continuum-no-header",
+                                      "context_serve-claude-header"]
+    fcfs, paper, oracle, no_header, claude = arms
+    assert paper.policy == "continuum" and paper.continuum == {"ttl_policy": "cdf", "admission": False}
+    assert oracle.policy == "fcfs" and oracle.unbounded_pool
+    assert no_header.session_header is None and claude.session_header == "X-Claude-Code-Session-Id"
+    with pytest.raises(ValueError, match="'continum'"):
+        parse_live_arms("fcfs,continum")
+    # The server and AIPerf command each arm gets.
+    args = ar.build_parser().parse_args(["--continuum-config", '{"default_ttl_s": 7}', "--dtype", "float32"])
+    plan = ar.Plan([], [], num_blocks=100, max_model_len=1024, oracle_blocks=900)
+    paper_args = ar.server_args(args, paper, plan)
+    settings = json.loads(paper_args[paper_args.index("--additional-config") + 1])["continuum"]
+    assert settings == {"default_ttl_s": 7, "ttl_policy": "cdf", "admission": False}
+    assert "--additional-config" not in ar.server_args(args, fcfs, plan)
+    oracle_args = ar.server_args(args, oracle, plan)
+    assert oracle_args[oracle_args.index("--num-gpu-blocks-override") + 1] == "900"
+    cmd = ar.aiperf_command("aiperf", url="u", model="m", tokenizer="t", traces="tr", sessions=2, out_dir="o",
+                            session_header=None)
+    assert "--session-header" not in cmd
+
+
 def test_aiperf_env_is_online_and_uncached(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     env = ar.aiperf_env()

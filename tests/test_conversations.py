@@ -104,13 +104,17 @@ def test_concurrent_first_turns_with_different_prompts_are_different_conversatio
     assert w.send("oc", request(["title-system", "title-ask"])) == "oc"
 
 
-def test_a_pin_is_continued_even_past_the_remembered_prompts():
+def test_a_sub_agent_sharing_only_the_base_never_takes_its_parents_pin():
+    # The parent's pinned prompt is half system prompt: a pin alone (base 0)
+    # would call the sub-agent its continuation; the conversation's base
+    # (what its first turn hit in the prefix cache) says it is not.
     w = World()
-    first = request(["p", "q"])
-    key = w.send("sess", first)
-    w.pins[key] = ["p", "q", "reply"]
-    # Anchors are full-block prompts; the pin holds the reply's block too.
-    assert w.send("sess", request(["p", "q", "reply", "next"])) == key
+    parent = request(["sys", "tools", "task", "more"])
+    key = w.send("sess", parent)
+    w.jobs[key].first_hit_tokens = 2 * BLOCK
+    w.pins[key] = list(parent.block_hashes)
+    sub = w.send("sess", request(["sys", "tools", "sub-task"]))
+    assert sub not in (None, key)
 
 
 def test_only_the_last_few_prompts_of_a_conversation_are_remembered():
@@ -240,3 +244,34 @@ def test_a_prompt_shorter_than_a_block_continues_nothing_and_nothing_continues_i
     # request of its session.
     assert w.send("sess", request(["anything"])) != "sess"
     assert w.send("sess", request([], tokens=BLOCK - 1)) not in (None, "sess")
+
+
+class CountingHash(str):
+    """A block hash that counts its comparisons."""
+
+    compares = 0
+
+    def __eq__(self, other: object) -> bool:
+        CountingHash.compares += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_matching_costs_a_bounded_number_of_hash_compares_whatever_the_prompt_length():
+    # 8 conversations of 100k-block prompts (two remembered each): a request
+    # costs at most conversations x prompts x (log2(checkpoints) + 1) compares.
+    from vllm_continuum_plugin.prompt_prefix import CHECKPOINTS
+
+    w = World(max_conversations=8)
+    n = 100_000
+    for c in range(8):
+        for turn in range(2):
+            w.send("big", request([CountingHash(f"c{c}-{i}") for i in range(n + turn)]))
+    CountingHash.compares = 0
+    stranger = request([CountingHash(f"z-{i}") for i in range(n)])
+    for key in w.c.keys_of("big"):
+        w.jobs[key].in_flight = 1
+    assert w.send("big", stranger) is None  # all 8 busy: served as stock
+    bound = 8 * 2 * (CHECKPOINTS.bit_length() + 1)
+    assert 0 < CountingHash.compares <= bound

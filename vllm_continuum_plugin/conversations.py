@@ -19,7 +19,7 @@ decided by shared prefix (:mod:`~.prompt_prefix`):
    (reasoning dropped from history, a reminder, AIPerf's hash-block
    prompts) still continues it; a compacted history or a sub-agent sharing
    only the system prompt does not. Ties go to the most recently used; a
-   conversation whose pin the request continues counts too;
+   pin holds one of those prompts, so it is decided the same way;
 2. else a new conversation of the session. The session's first keeps the
    session id as its job key; later ones get ``conversation_key(session,
    n)``, which no client can name (the separator is not printable, and job
@@ -214,7 +214,8 @@ class Conversations:
         session is busy (served as stock, its record keeps the name in
         ``unbound_job_id``). ``job_of`` gives a key's job state,
         ``continues_pin(key)`` whether ``request`` continues the key's pin
-        (None: it holds none)."""
+        (None: it holds none; a conversation holding a pin is never
+        forgotten to make room)."""
         session_id = meta.job_id
         assert session_id is not None
         prompt = PromptPrefix.of_request(request, self._block_size)
@@ -222,7 +223,7 @@ class Conversations:
         if session is None:
             session = self._sessions[session_id] = _Session()
         self._sessions.move_to_end(session_id)
-        key = self._continued(session, request.block_hashes, meta.scope, job_of, continues_pin)
+        key = self._continued(session, request.block_hashes, meta.scope, job_of)
         if key is None:
             key = self._start(session_id, session, job_of, continues_pin)
             if key is None:
@@ -239,15 +240,15 @@ class Conversations:
         return meta if key == session_id else dataclasses.replace(meta, job_id=key)
 
     def _continued(
-        self, session: _Session, block_hashes: Sequence[Any], scope: str,
-        job_of: Callable[[str], JobState | None], continues_pin: Callable[[str], bool | None],
+        self, session: _Session, block_hashes: Sequence[Any], scope: str, job_of: Callable[[str], JobState | None],
     ) -> str | None:
         """The conversation of ``scope`` that ``block_hashes`` continue with
-        the longest shared prefix (ties: the most recently used), else one
-        whose pin they continue, else None."""
+        the longest shared prefix (ties: the most recently used), else None.
+        (A pin holds the prompt of one of its conversation's recent turns,
+        so the prompts decide for it too, base included: a sub-agent sharing
+        only the system prompt never takes its parent's pin.)"""
         best: str | None = None
         best_shared = 0
-        by_pin: str | None = None
         for key in reversed(session.conversations):
             job = job_of(key)
             if job is not None and job.scope != scope:
@@ -256,9 +257,7 @@ class Conversations:
             shared = session.conversations[key].continuation(block_hashes, base)
             if shared is not None and shared > best_shared:
                 best, best_shared = key, shared
-            elif by_pin is None and continues_pin(key):
-                by_pin = key
-        return best if best is not None else by_pin
+        return best
 
     def _start(
         self, session_id: str, session: _Session, job_of: Callable[[str], JobState | None],

@@ -1,0 +1,82 @@
+"""The arms of a live AIPerf replay: a scheduling policy, its settings, the
+pool and how AIPerf names a session.
+
+An arm is what one ``vllm serve`` of the replay runs. Besides the plain
+``--scheduling-policy`` values (``fcfs``, ``continuum``, ``context_serve``),
+the names of the simulator's arms (``benchmarks.sim.arms``) mean the same
+live:
+
+* ``continuum-paper`` -- Continuum as the paper has it: its TTL rule as
+  published (``ttl_policy: cdf``), no admission gate;
+* ``oracle`` -- stock FCFS over a pool that never evicts (room for every
+  session's peak context at once): the bound no policy can beat;
+* ``<policy>-claude-header`` -- the session id sent as Claude Code sends it
+  (``X-Claude-Code-Session-Id``, one of the plugin's ``session_headers``)
+  instead of vLLM's ``X-Session-ID``;
+* ``<policy>-no-header`` -- no session id at all: the plugin sees
+  untagged traffic and has only implicit jobs (prefix matching) to go on.
+
+AIPerf sends a session id only as a header (``--session-header``), so the
+plugin's own ``job_id`` body field cannot be replayed per session; the
+header arms are what an unchanged client sends.
+
+Invariants: a name maps to exactly one arm; an unknown name is a
+``ValueError`` naming it and the known ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LiveArm", "POLICIES", "SESSION_HEADER", "parse_live_arms"]
+
+# The header AIPerf sends the session id in by default: vLLM's own.
+SESSION_HEADER = "X-Session-ID"
+# Claude Code 2.1.x's session header (a default of the plugin's session_headers).
+CLAUDE_CODE_HEADER = "X-Claude-Code-Session-Id"
+POLICIES = ("fcfs", "continuum", "context_serve")
+
+
+@dataclass(frozen=True)
+class LiveArm:
+    """One server of a replay."""
+
+    name: str
+    policy: str
+    # Plugin settings of this arm (``--additional-config '{"continuum": ...}'``),
+    # under the run's ``--continuum-config``.
+    continuum: Mapping[str, Any] = field(default_factory=dict)
+    # The pool never evicts (the oracle): room for every session's peak.
+    unbounded_pool: bool = False
+    # The header AIPerf names each session in; None: no session id at all.
+    session_header: str | None = SESSION_HEADER
+
+
+def _named() -> dict[str, LiveArm]:
+    arms = {p: LiveArm(p, p) for p in POLICIES}
+    arms["continuum-paper"] = LiveArm("continuum-paper", "continuum",
+                                      continuum={"ttl_policy": "cdf", "admission": False})
+    arms["oracle"] = LiveArm("oracle", "fcfs", unbounded_pool=True)
+    for p in POLICIES:
+        arms[f"{p}-claude-header"] = LiveArm(f"{p}-claude-header", p, session_header=CLAUDE_CODE_HEADER)
+        arms[f"{p}-no-header"] = LiveArm(f"{p}-no-header", p, session_header=None)
+    return arms
+
+
+ARMS = _named()
+
+
+def parse_live_arms(names: str) -> list[LiveArm]:
+    """``"fcfs,continuum,oracle"`` -> arms, in that order."""
+    out = []
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        if name not in ARMS:
+            raise ValueError(f"unknown arm {name!r}; known: {', '.join(sorted(ARMS))}")
+        out.append(ARMS[name])
+    if not out:
+        raise ValueError(f"no arm named in {names!r}")
+    return out

@@ -1,0 +1,175 @@
+"""Live AIPerf replays, several runs, written up: docs/aiperf.md and its plot.
+
+Runs ``python -m benchmarks.aiperf_replay`` ``--runs`` times with the same
+arguments (each run starts one fresh ``vllm serve`` per arm, so every arm of
+a run sees the same machine state and the runs show the spread), then reads
+each run's ``results.json`` and writes a Markdown page: per arm and run the
+mean session JCT, the prefix-cache hit share and how the plugin read the
+sessions (jobs ended, extra conversations, pins), and the share of the
+FCFS -> oracle gap each arm closes, per run and pooled over the runs
+(``(sum fcfs - sum arm) / (sum fcfs - sum oracle)`` of the runs' means).
+
+    python scripts/aiperf_report.py --runs 3 --doc docs/aiperf.md --plot docs/aiperf.png \\
+        -- --sessions 24 --turns 15 --min-turns 15 --max-input 0 --num-blocks 600
+
+Arguments after ``--`` go to the replay (``--policies`` is set from
+``--arms``). ``--only-report`` re-renders the page from the run directories
+already under ``--out-root``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_ARMS = "fcfs,continuum,context_serve,continuum-paper,oracle,continuum-no-header"
+
+
+def run_dirs(root: Path, runs: int) -> list[Path]:
+    return [root / f"run{i + 1}" for i in range(runs)]
+
+
+def replay(run_dir: Path, arms: str, replay_args: list[str]) -> int:
+    cmd = [sys.executable, "-m", "benchmarks.aiperf_replay", *replay_args, "--policies", arms, "--out", str(run_dir)]
+    print(f"[aiperf-report] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    return subprocess.run(cmd, cwd=REPO).returncode
+
+
+def load(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "results.json"
+    if not path.exists():
+        raise SystemExit(f"{path} not found: run the replay first (without --only-report)")
+    return json.loads(path.read_text())
+
+
+def mean_jct(arm: dict[str, Any]) -> float | None:
+    return arm["jct_s"]["mean"] if arm.get("jct_s") else None
+
+
+def gap_share(fcfs: float, oracle: float, value: float) -> float | None:
+    return (fcfs - value) / (fcfs - oracle) if fcfs > oracle else None
+
+
+def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
+    first = results[0]
+    by_run = [{a["policy"]: a for a in r["arms"] if "error" not in a} for r in results]
+    n = len(results)
+    sessions = len(first["sessions"])
+    turns = sum(s["turns"] for s in first["sessions"])
+    lines = [
+        "# Live replay of real Claude Code sessions through AIPerf",
+        "",
+        f"Written by `{command}`.",
+        "",
+        f"Machine: {first['cpu']}, {first['dtype']}; NVIDIA AIPerf {first['aiperf_version']}; "
+        f"the embedded SmolLM2-135M served by `vllm serve`, one fresh server per arm and run.",
+        f"{sessions} sessions of the shipped kv-cache-tester Claude Code traces, {turns} requests in all "
+        f"(prompts / {first['config']['merge']}, think times capped at {first['config']['max_think']:g} s), "
+        f"`--custom-dataset-type weka_trace --no-fixed-schedule --use-think-time-only`; "
+        f"a KV pool of {first['num_blocks']} x {first['block_size']}-token blocks "
+        f"(the oracle's never evicts). {n} runs.",
+        "",
+        "Mean session JCT (s), per run; the share of the FCFS -> oracle gap each arm closes",
+        "(per run, and pooled over the runs: `(sum fcfs - sum arm) / (sum fcfs - sum oracle)`):",
+        "",
+        "| arm | " + " | ".join(f"run {i + 1}" for i in range(n)) + " | gap closed per run | pooled | prefix hits |",
+        "|---|" + "---|" * n + "---|---|---|",
+    ]
+    totals = {arm: [mean_jct(run[arm]) if arm in run else None for run in by_run] for arm in arms}
+    fc, orc = totals.get("fcfs"), totals.get("oracle")
+    for arm in arms:
+        values = totals[arm]
+        cells = [f"{v:.1f}" if v is not None else "failed" for v in values]
+        shares = []
+        pooled = "-"
+        if fc and orc and all(v is not None for v in fc + orc + values):
+            shares = [gap_share(f, o, v) for f, o, v in zip(fc, orc, values)]
+            p = gap_share(sum(fc), sum(orc), sum(values))
+            pooled = f"{p:+.0%}" if p is not None else "-"
+        per_run = ", ".join(f"{s:+.0%}" for s in shares if s is not None) or "-"
+        hits = [run[arm].get("prefix_cache_hit_share") for run in by_run if arm in run]
+        hit_text = ", ".join(f"{h:.0%}" for h in hits if h is not None) or "-"
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {per_run} | {pooled} | {hit_text} |")
+    lines += [
+        "",
+        "How the plugin read the sessions (server counters over the arm, run 1; requests"
+        f" {turns}): jobs ended (an answered task included), conversations beside a session's first,"
+        " pins made, pins handed to the next turn, pins lapsed:",
+        "",
+        "| arm | jobs ended | extra conversations | pins | handed over | lapsed (TTL) | failed requests |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        a = by_run[0].get(arm)
+        if a is None:
+            continue
+        c = a.get("server_counters") or {}
+        lines.append(f"| {arm} | {c.get('jobs_ended', 0):.0f} | {c.get('session_conversations', 0):.0f} | "
+                     f"{c.get('pins_created', 0):.0f} | {c.get('pins_released_handoff', 0):.0f} | "
+                     f"{c.get('pins_released_ttl', 0):.0f} | {sum(r[arm]['failed'] for r in by_run if arm in r)} |")
+    lines += ["", "![mean session JCT per arm and run](aiperf.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], arms: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_run = [{a["policy"]: a for a in r["arms"] if "error" not in a} for r in results]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(1, len(by_run))
+    for i, run in enumerate(by_run):
+        xs = [j + i * width for j in range(len(arms))]
+        ys = [mean_jct(run[a]) or 0.0 if a in run else 0.0 for a in arms]
+        ax.bar(xs, ys, width, label=f"run {i + 1}")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(arms))], arms, rotation=20, ha="right")
+    ax.set_ylabel("mean session JCT (s)")
+    ax.set_title(f"AIPerf replay of Claude Code traces ({results[0]['cpu']}, {results[0]['dtype']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    replay_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, replay_args = argv[:i], argv[i + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="replays to run (default: %(default)s)")
+    parser.add_argument("--arms", default=DEFAULT_ARMS, help="arms of every run (default: %(default)s)")
+    parser.add_argument("--out-root", type=Path, default=REPO / "results" / "aiperf_report",
+                        help="run directories go here as run1, run2, ... (default: %(default)s)")
+    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "aiperf.md", help="page to write")
+    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "aiperf.png", help="plot to write")
+    parser.add_argument("--only-report", action="store_true", help="render from existing run directories")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs must be >= 1, got {args.runs}")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    dirs = run_dirs(args.out_root, args.runs)
+    if not args.only_report:
+        for i, d in enumerate(dirs):
+            print(f"[aiperf-report] run {i + 1}/{len(dirs)}", file=sys.stderr, flush=True)
+            replay(d, ",".join(arms), replay_args)  # a failed arm is reported in the page
+    results = [load(d) for d in dirs]
+    command = "python scripts/aiperf_report.py " + shlex.join(
+        [f"--runs={args.runs}", f"--arms={args.arms}"] + (["--", *replay_args] if replay_args else []))
+    text = render(results, arms, command)
+    args.doc.write_text(text)
+    plot(results, arms, args.plot)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
