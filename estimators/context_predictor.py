@@ -4,7 +4,8 @@ KV cache from the tool call the reply makes.
 * FAST -> pin the KV for a TTL fitted to the tool (the next turn will be back
   before it matters);
 * SLOW -> free it at once (the memory serves other jobs meanwhile);
-* UNCERTAIN -> keep Continuum's CDF TTL (the ``fallback`` callable).
+* UNCERTAIN -> keep Continuum's TTL (the ``fallback`` callable: the
+  configured ``ttl_policy``, ``priced`` by default).
 
 ``ContextAwarePredictor.predict`` asks, in order, and the first that does not
 abstain decides:

@@ -68,7 +68,8 @@ class TierReloadModel:
         if min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {min_samples}")
         # No default slope: until loads are seen, the tier's cost is unknown.
-        self.loads = PrefillCostModel(0.0, 0.0, window=window, min_samples=min_samples)
+        # A load is a copy: linear in tokens, no attention term.
+        self.loads = PrefillCostModel(0.0, 0.0, window=window, min_samples=min_samples, quadratic=False)
         self.coverage = TokenCoverage(window)
         self.min_samples = min_samples
 
@@ -85,16 +86,17 @@ class TierReloadModel:
     def ready(self) -> bool:
         return self.loads.num_samples >= self.min_samples and len(self.coverage) >= self.min_samples
 
-    def rebuild_seconds(self, tokens: int, prefill_seconds: Callable[[int], float]) -> float | None:
+    def rebuild_seconds(self, tokens: int, prefill_seconds: Callable[[int, int], float]) -> float | None:
         """Expected cost of rebuilding ``tokens`` of context dropped from the
-        GPU: the covered share reloaded, the rest prefilled; None while the
-        tier has not been observed enough to say."""
+        GPU: the covered share reloaded, the rest prefilled on top of it
+        (``prefill_seconds(new, cached)``); None while the tier has not been
+        observed enough to say."""
         if not self.ready or tokens <= 0:
             return None
         covered = self.coverage.share()
         loaded = int(tokens * covered)
         return (self.loads.seconds(loaded) if loaded > 0 else 0.0) + (
-            prefill_seconds(tokens - loaded) if loaded < tokens else 0.0
+            prefill_seconds(tokens - loaded, loaded) if loaded < tokens else 0.0
         )
 
 

@@ -1,8 +1,9 @@
 """How long to keep a finished turn's KV cache pinned.
 
-Two named policies, selectable with the ``ttl_policy`` setting:
+Three named policies, selectable with the ``ttl_policy`` setting
+(``config.ContinuumConfig.ttl_policy``, default ``priced``):
 
-``cdf`` (default) -- the Continuum paper's rule. For a turn whose reply calls
+``cdf`` -- the Continuum paper's rule. For a turn whose reply calls
 tool f, choose
 
     tau* = argmax_{tau in {0} U samples(f)}  P(tau, f) * (T * eta + R) - tau
@@ -18,26 +19,35 @@ before a measurement the default stands alone, as it always did); fewer
 for this tool -> the global distribution (measured gaps: they hold the
 round trip already); otherwise the tool's own.
 
-``priced`` -- the same rule with the true price of holding. The paper
-charges a pin one second per second held, as if it stalled the whole
-engine; a pin holds only its blocks, and they cost others anything only
-when the pool is full. ``priced`` charges ``tau * hold_price`` with
+``priced`` (default) -- the same candidates, cold start and fallbacks, with
+both sides priced in one unit, GPU-seconds of work:
 
-    hold_price = (the pin's blocks / the pool's blocks) * pool usage
+    tau* = argmax_{tau in {0} U samples(f)}  P(tau, f) * R - tau * hold_price
 
-(``TTLContext.hold_price``, set by the scheduler), i.e. it maximises
-``P(tau, f) * (T * eta + R) / hold_price - tau``. So a 120k-token context
-waiting on an 8 s test run in a full pool (R ~ seconds, a third of the
-pool) is held through the test, a 2k-token chat that called a 20-minute
-tool is not (R ~ tens of ms, while the minutes cost the same rate), and an
-idle pool holds every pin up to the tool's observed return (soft pins give
-way the moment memory is needed). ``hold_price`` 1 is the paper's rule.
+* saved: R, the GPU-seconds a rebuild costs if the context is dropped and
+  the next turn arrives (``PrefillCostModel.seconds(context)``, which counts
+  attention, so R grows faster than the context; or the measured reload from
+  a tier, ``TTLContext.rebuild_seconds``). The paper's ``T * eta`` is left
+  out: it is this job's wait, not work, and the plugin's job order
+  (``job_priority_window_s``) keeps a returning turn's place anyway;
+* displaced: ``hold_price`` GPU-seconds of other jobs' work per second held
+  (``hold_price()``): the pin's share of the pool's blocks times the pool's
+  pressure (how full the rest of the pool is with other jobs' blocks,
+  ``pool_pressure()``) times the rate of work the pool serves (1 GPU-second
+  per second for an engine with work to do).
+
+A pin's share grows linearly with its context and R, once the prefill fit
+has an attention term, faster, so bigger contexts are held longer (priced
+linearly, the size would cancel out); a fuller pool and slower tools
+shorten the hold, down to 0. An idle pool (pressure 0) makes holding free: every pin is held up to the
+tool's longest observed return (soft pins give way the moment memory is
+needed). ``hold_price`` 1 with ``T * eta`` added back is the paper's rule.
 
 ``fixed`` -- the released fork's rule, kept for comparison: pin for
 ``fixed_ttl_s`` when the tool's mean duration is at most ``fixed_ttl_s``
 (unknown tools count as fast), otherwise do not pin.
 
-Both return a ``TTLDecision``; the result is clamped to [0, ``max_ttl_s``].
+Each returns a ``TTLDecision``; the result is clamped to [0, ``max_ttl_s``].
 
 Scopes: the scheduler keeps one history per client scope
 (``ScopedToolHistory``) and asks a ``ScopedTTLPolicy``, which runs the rule
@@ -69,7 +79,9 @@ __all__ = [
     "TTLDecision",
     "TTLPolicy",
     "hint_ttl",
+    "hold_price",
     "make_ttl_policy",
+    "pool_pressure",
 ]
 
 
@@ -92,9 +104,9 @@ class TTLContext:
     # The CDF rule's cold-start TTL adds it only then, so that a server that
     # has measured nothing decides exactly as before.
     round_trip_measured: bool = False
-    # What a second of holding costs, in seconds of the benefit's currency:
-    # the pin's share of the pool times how full the pool is (``priced``
-    # reads it; 1.0, the paper's charge, otherwise).
+    # GPU-seconds of other jobs' work displaced per second the context is
+    # held (``hold_price()``: pool share x pressure x work rate). ``priced``
+    # reads it; the paper's rule charges 1.0 whatever it says.
     hold_price: float = 1.0
     # The client scope the turn came from (``estimators.scopes``): a
     # ``ScopedTTLPolicy`` decides from that scope's own samples first.
@@ -157,7 +169,7 @@ class CDFTTLPolicy:
             key, samples, source = None, history.samples(None), "global"
         assert samples is not None
         rebuild = ctx.rebuild_seconds if ctx.rebuild_seconds is not None else self.prefill.seconds(ctx.context_tokens)
-        benefit = self._benefit(ctx.queueing_delay_s * ctx.eta + rebuild, ctx)
+        benefit = self._benefit(rebuild, ctx)
         cache = self._caches.get(key)
         if cache is None or cache.version != samples.version:
             if cache is None and len(self._caches) >= self.max_caches:
@@ -175,27 +187,64 @@ class CDFTTLPolicy:
             round_trip = 0.0
         return min(self.default_ttl_s + round_trip, self.max_ttl_s)
 
-    def _benefit(self, benefit_s: float, ctx: TTLContext) -> float:
-        """The paper's rule: a second held costs a second."""
-        return benefit_s
+    def _benefit(self, rebuild_s: float, ctx: TTLContext) -> float:
+        """What ``best_tau`` weighs against a held second. The paper's rule:
+        the rebuild plus the job's lost place, ``T * eta``; a second held
+        costs a second."""
+        return ctx.queueing_delay_s * ctx.eta + rebuild_s
 
 
-# The smallest hold price ``priced`` divides by: an empty pool makes holding
-# free, and any price below this already makes every sample up to
-# ``max_ttl_s`` worth waiting for (benefits are seconds, samples at most an
-# hour), so the floor changes no decision; it only keeps the quotient finite.
+# The smallest hold price ``priced`` divides by. A pool with no pressure
+# makes holding free (price 0) and the quotient infinite; at this floor a
+# rebuild of R GPU-seconds buys R * 1e6 held seconds per unit of return
+# probability (a 20 ms rebuild: a step of 1/100 in the CDF is worth 200 s),
+# so in practice the hold runs to the longest return within ``max_ttl_s``.
 MIN_HOLD_PRICE = 1e-6
 
 
+def pool_pressure(used_blocks: float, pin_blocks: float, pool_blocks: float) -> float:
+    """How full the rest of the pool is with other jobs' blocks, in [0, 1]:
+    ``(used - pin) / (pool - pin)``, where ``used`` counts every block in
+    use (running requests and pins) including the ``pin_blocks`` of the
+    context being decided, which are still allocated when it is decided.
+    A context alone in the pool displaces nobody (0); a pool whose other
+    blocks are all taken (1) displaces a block of other work for each block
+    held. A context as large as the pool counts as fully pressured when
+    anything else is in use."""
+    others = max(0.0, used_blocks - pin_blocks)
+    room = pool_blocks - pin_blocks
+    if room <= 0.0:
+        return 1.0 if others > 0.0 else 0.0
+    return min(1.0, others / room)
+
+
+def hold_price(pin_blocks: float, pool_blocks: float, pressure: float, work_rate_s: float = 1.0) -> float:
+    """GPU-seconds of other jobs' work displaced per second a pin of
+    ``pin_blocks`` is held: its share of the pool (``pin_blocks /
+    pool_blocks``) times ``pressure`` (``pool_pressure``: the chance that a
+    held block would be serving other work) times ``work_rate_s``, the
+    GPU-seconds of work the pool serves per second (1 for one engine that
+    has work to do). Non-finite or negative inputs count as 0 pressure or
+    rate; the share is capped at 1."""
+    if pool_blocks <= 0 or not math.isfinite(pin_blocks) or pin_blocks <= 0:
+        return 0.0
+    share = min(1.0, pin_blocks / pool_blocks)
+    pressure = min(1.0, pressure) if math.isfinite(pressure) and pressure > 0.0 else 0.0
+    rate = work_rate_s if math.isfinite(work_rate_s) and work_rate_s > 0.0 else 0.0
+    return share * pressure * rate
+
+
 class PricedTTLPolicy(CDFTTLPolicy):
-    """The CDF rule with holding priced by the pool (see module docstring):
-    ``argmax P(tau) * benefit - tau * hold_price``, solved as the paper's
-    rule on ``benefit / hold_price`` (same argmax)."""
+    """The rule in GPU-seconds (see module docstring): ``argmax P(tau) * R -
+    tau * hold_price``, with ``R`` the rebuild's GPU-seconds and
+    ``hold_price`` the GPU-seconds of others' work a held second displaces;
+    solved as the paper's rule on ``R / hold_price`` (same argmax, so the
+    decision cache applies unchanged)."""
 
     name = "priced"
 
-    def _benefit(self, benefit_s: float, ctx: TTLContext) -> float:
-        return benefit_s / max(ctx.hold_price, MIN_HOLD_PRICE)
+    def _benefit(self, rebuild_s: float, ctx: TTLContext) -> float:
+        return rebuild_s / max(ctx.hold_price, MIN_HOLD_PRICE)
 
 
 class _DecisionCache:

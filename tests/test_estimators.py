@@ -12,7 +12,7 @@ from vllm_continuum_plugin.estimators.history import (
     ToolDurationHistory,
     TurnCountCorrelation,
 )
-from vllm_continuum_plugin.estimators.prefill import PrefillCostModel
+from vllm_continuum_plugin.estimators.prefill import PrefillCostModel, PrefillTimer
 from vllm_continuum_plugin.estimators.round_trip import RoundTripOverhead
 from vllm_continuum_plugin.estimators.ttl import (
     CDFTTLPolicy,
@@ -20,7 +20,9 @@ from vllm_continuum_plugin.estimators.ttl import (
     PricedTTLPolicy,
     TTLContext,
     best_tau,
+    hold_price,
     make_ttl_policy,
+    pool_pressure,
 )
 
 
@@ -119,7 +121,8 @@ def _priced_case(ttl_policy_cls):
     pool, usage = 27_040, 0.9
 
     def ctx(tool, tokens, used=usage):
-        return TTLContext(tool, tokens, queueing_delay_s=0.0, eta=0.0, hold_price=tokens / 16 / pool * used)
+        # ``used``: the others' pressure on the rest of the pool.
+        return TTLContext(tool, tokens, queueing_delay_s=0.0, eta=0.0, hold_price=hold_price(tokens / 16, pool, used))
 
     return policy, ctx
 
@@ -147,6 +150,116 @@ def test_paper_rule_charges_a_second_per_second_and_drops_the_big_context():
         "priced", ToolDurationHistory(), PrefillCostModel(), default_ttl_s=2, max_ttl_s=60, fixed_ttl_s=2,
         cold_start_samples=1,
     ).name == "priced"
+
+
+# An 8B model on an H100, priced in GPU-seconds: 25k prefill tokens/s of
+# linear work, and attention (b * n * (c + n / 2)) as large as the linear
+# work at 100k tokens; a pool of 30,000 blocks of 16 tokens (480k tokens).
+GPU_OVERHEAD_S, GPU_PER_TOKEN_S, GPU_PER_PAIR_S = 0.01, 4e-5, 8e-10
+GPU_POOL_BLOCKS, GPU_BLOCK = 30_000, 16
+
+
+def _gpu_prefill(quadratic: bool = True) -> PrefillCostModel:
+    """A prefill model fitted to observed prefills of that GPU (exact
+    samples, 200 to 16k new tokens on 0 to 60k cached)."""
+    model = PrefillCostModel(quadratic=quadratic)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n, c = int(rng.integers(200, 16_000)), int(rng.integers(0, 60_000))
+        model.observe(n, GPU_OVERHEAD_S + GPU_PER_TOKEN_S * n + GPU_PER_PAIR_S * n * (c + n / 2), c)
+    return model
+
+
+def _gpu_ctx(tool: str, tokens: int, pressure: float) -> TTLContext:
+    return TTLContext(tool, tokens, queueing_delay_s=0.0, eta=0.0,
+                      hold_price=hold_price(tokens / GPU_BLOCK, GPU_POOL_BLOCKS, pressure))
+
+
+def _history(**tools) -> ToolDurationHistory:
+    h = ToolDurationHistory()
+    for tool, samples in tools.items():
+        for s in samples:
+            h.record(tool, float(s))
+    return h
+
+
+def _lognormal_tool() -> ToolDurationHistory:
+    """A test runner: median 4 s, a long tail (its longest of 400 runs ~46 s)."""
+    return _history(pytest=np.random.default_rng(0).lognormal(math.log(4.0), 0.8, 400))
+
+
+CONTEXTS = (8_000, 16_000, 32_000, 64_000, 128_000, 200_000)
+PRESSURES = (0.1, 0.3, 0.5, 0.8, 1.0)
+
+
+def test_hold_price_is_the_others_work_displaced_in_gpu_seconds():
+    # A context alone in the pool (its own blocks are still allocated while
+    # it is decided) displaces nothing; one among others pays its share.
+    assert pool_pressure(used_blocks=3_000, pin_blocks=3_000, pool_blocks=30_000) == 0.0
+    assert pool_pressure(used_blocks=30_000, pin_blocks=3_000, pool_blocks=30_000) == 1.0
+    assert pool_pressure(used_blocks=16_500, pin_blocks=3_000, pool_blocks=30_000) == pytest.approx(0.5)
+    assert pool_pressure(used_blocks=40_000, pin_blocks=40_000, pool_blocks=30_000) == 0.0
+    assert pool_pressure(used_blocks=40_001, pin_blocks=40_000, pool_blocks=30_000) == 1.0
+    # A tenth of the pool, half pressured, on an engine doing a GPU-second a
+    # second: 0.05 GPU-seconds of other work per second held.
+    assert hold_price(3_000, 30_000, 0.5) == pytest.approx(0.05)
+    assert hold_price(3_000, 30_000, 0.5, work_rate_s=2.0) == pytest.approx(0.1)
+    assert hold_price(0, 30_000, 1.0) == 0.0 and hold_price(3_000, 0, 1.0) == 0.0
+    assert hold_price(60_000, 30_000, 1.0) == 1.0  # the share is at most the pool
+    for bad in (float("nan"), float("inf"), -1.0):
+        assert hold_price(3_000, 30_000, bad) == 0.0
+        assert hold_price(3_000, 30_000, 0.5, work_rate_s=bad) == 0.0
+
+
+def test_priced_ttl_grows_with_the_context_because_attention_makes_big_rebuilds_dearer():
+    policy = PricedTTLPolicy(_lognormal_tool(), _gpu_prefill(), 2.0, 60.0, 100)
+    for pressure in PRESSURES:
+        ttls = [policy.decide(_gpu_ctx("pytest", tokens, pressure)).ttl_s for tokens in CONTEXTS]
+        assert ttls == sorted(ttls), (pressure, ttls)
+        assert ttls[-1] > ttls[0], (pressure, ttls)
+    # Priced linearly, the context size cancels out: the rebuild and the
+    # pool share both grow in proportion to it, so every size gets one TTL.
+    linear = PricedTTLPolicy(_lognormal_tool(), PrefillCostModel(GPU_PER_TOKEN_S, 0.0), 2.0, 60.0, 100)
+    assert len({linear.decide(_gpu_ctx("pytest", tokens, 0.8)).ttl_s for tokens in CONTEXTS}) == 1
+
+
+def test_priced_ttl_falls_to_zero_as_the_others_fill_the_pool():
+    policy = PricedTTLPolicy(_history(lint=np.random.default_rng(2).uniform(10.0, 30.0, 200)),
+                             _gpu_prefill(), 2.0, 60.0, 100)
+    ttls = [policy.decide(_gpu_ctx("lint", 16_000, pressure)).ttl_s for pressure in (0.0, *PRESSURES)]
+    assert ttls == sorted(ttls, reverse=True)
+    assert ttls[0] > 25.0 and ttls[-1] == 0.0  # idle: held through the tool; full: dropped
+    # The same at every context size, long-tailed tool: never longer when fuller.
+    tail = PricedTTLPolicy(_lognormal_tool(), _gpu_prefill(), 2.0, 60.0, 100)
+    for tokens in CONTEXTS:
+        ttls = [tail.decide(_gpu_ctx("pytest", tokens, pressure)).ttl_s for pressure in PRESSURES]
+        assert ttls == sorted(ttls, reverse=True), (tokens, ttls)
+        assert ttls[-1] < ttls[0]
+
+
+def test_priced_ttl_follows_the_tools_time():
+    rng = np.random.default_rng(3)
+    h = _history(ls=rng.uniform(0.5, 1.5, 200), build=rng.uniform(200.0, 400.0, 200))
+    # A cap far above the build's time: what drops it is the price.
+    policy = PricedTTLPolicy(h, _gpu_prefill(), 2.0, 600.0, 100)
+    short = policy.decide(_gpu_ctx("ls", 16_000, 0.8))
+    assert short.source == "tool" and 1.0 <= short.ttl_s <= 1.5  # just past its returns
+    assert policy.decide(_gpu_ctx("build", 16_000, 0.8)).ttl_s == 0.0
+    # An almost idle pool prices minutes of holding below the rebuild.
+    assert policy.decide(_gpu_ctx("build", 16_000, 0.05)).ttl_s > 300.0
+
+
+def test_priced_ttl_is_not_pinned_at_the_cap():
+    """Ordinary inputs (any context size, a pool 10-100% pressured, a
+    long-tailed tool) give TTLs spread over the tool's times, strictly below
+    ``max_ttl_s`` and below the tool's longest return within it."""
+    history = _lognormal_tool()
+    policy = PricedTTLPolicy(history, _gpu_prefill(), 2.0, 60.0, 100)
+    longest = float(history.sorted_samples("pytest")[-1])
+    assert longest < 60.0
+    ttls = [policy.decide(_gpu_ctx("pytest", t, p)).ttl_s for t in CONTEXTS for p in PRESSURES]
+    assert all(0.0 < ttl < longest for ttl in ttls)
+    assert len(set(ttls)) >= 5
 
 
 def test_fixed_policy_is_the_forks_rule():
@@ -309,9 +422,77 @@ def test_sliding_mean():
 def test_prefill_model_default_then_fit():
     model = PrefillCostModel(default_seconds_per_token=1e-3, default_overhead_s=0.0, min_samples=4)
     assert model.seconds(1000) == pytest.approx(1.0)
+    assert not model.coefficients().fitted
     for tokens in (100, 500, 1000, 2000, 4000):
         model.observe(tokens, 0.05 + tokens * 2e-4)
     assert model.seconds(3000) == pytest.approx(0.05 + 0.6, rel=1e-6)
+    assert model.coefficients().seconds_per_token_pair == 0.0  # linear data: no attention term
+
+
+def test_prefill_model_fits_attention_and_prices_a_long_context_at_twice_the_linear_extrapolation():
+    """Quadratic ground truth (an 8B model: attention equals the linear work
+    at 100k tokens), 1% noise, prefills of up to 16k tokens on up to 60k
+    cached: the fit recovers both coefficients, and 100k tokens from nothing
+    cost ~2x the per-token price of short prefills times 100k."""
+    rng = np.random.default_rng(7)
+    model = PrefillCostModel()
+    for _ in range(400):
+        n, c = int(rng.integers(200, 16_000)), int(rng.integers(0, 60_000))
+        truth = GPU_OVERHEAD_S + GPU_PER_TOKEN_S * n + GPU_PER_PAIR_S * n * (c + n / 2)
+        model.observe(n, truth * (1.0 + 0.01 * rng.standard_normal()), c)
+    fit = model.coefficients()
+    assert fit.fitted and model.num_samples == 400
+    assert fit.seconds_per_token == pytest.approx(GPU_PER_TOKEN_S, rel=0.05)
+    assert fit.seconds_per_token_pair == pytest.approx(GPU_PER_PAIR_S, rel=0.05)
+    linear_extrapolation = fit.overhead_s + fit.seconds_per_token * 100_000
+    assert model.seconds(100_000) / linear_extrapolation == pytest.approx(2.0, rel=0.05)
+    # Attention over the cached context: the same 1k new tokens cost about
+    # twice as much on top of 60k cached ones as on an empty cache.
+    assert model.seconds(1_000, cached=60_000) > 1.8 * model.seconds(1_000)
+
+
+def test_prefill_model_falls_back_and_never_goes_negative():
+    # Too few samples: the configured per-token price.
+    model = PrefillCostModel(default_seconds_per_token=1e-4, default_overhead_s=0.0, min_samples=8)
+    for _ in range(7):
+        model.observe(1_000, 0.5)
+    assert model.seconds(10_000) == pytest.approx(1.0)
+    # Every prefill of one length: proportional, not a made-up curve.
+    model.observe(1_000, 0.5)
+    assert model.coefficients().fitted and model.seconds(10_000) == pytest.approx(5.0)
+    # Longer prefills measured faster (noise, not physics): no negative
+    # coefficient; and since no non-negative fit explains the times better
+    # than their mean, the default.
+    shrinking = PrefillCostModel(default_seconds_per_token=1e-4, default_overhead_s=0.0, min_samples=4)
+    for n in (1_000, 2_000, 4_000, 8_000, 16_000):
+        shrinking.observe(n, 2.0 - n * 1e-4)
+    fit = shrinking.coefficients()
+    assert min(fit.overhead_s, fit.seconds_per_token, fit.seconds_per_token_pair) >= 0.0
+    assert shrinking.seconds(10_000) == pytest.approx(1.0)
+    # Bounded window: the oldest samples leave.
+    windowed = PrefillCostModel(window=4, min_samples=4, quadratic=False)
+    for n in (1_000, 2_000, 3_000, 4_000):
+        windowed.observe(n, n * 1e-3)
+    for n in (1_000, 2_000, 3_000, 4_000):
+        windowed.observe(n, n * 1e-5)
+    assert windowed.num_samples == 4 and windowed.seconds(10_000) == pytest.approx(0.1)
+
+
+def test_prefill_timer_passes_the_cached_tokens():
+    observed = []
+
+    class Recorder(PrefillCostModel):
+        def observe(self, tokens: int, seconds: float, cached: int = 0) -> None:
+            observed.append((tokens, seconds, cached))
+
+    timer = PrefillTimer(Recorder())
+    timer.start("r", 10.0, tokens=2_000, cached=30_000)
+    timer.start("old", 10.0, tokens=500)  # a caller that passes no cache: 0
+    waiting, running = type("R", (), {"num_output_tokens": 0})(), type("R", (), {"num_output_tokens": 1})()
+    timer.observe({"r": running, "old": waiting}, now=10.5)
+    assert observed == [(2_000, 0.5, 30_000)] and timer
+    timer.observe({"r": running, "old": running}, now=11.0)
+    assert observed[-1] == (500, 1.0, 0) and not timer
 
 
 def test_tier_reload_model_prices_a_dropped_context_by_what_the_tier_served():

@@ -276,10 +276,15 @@ def test_cli_rejects_unknown_names() -> None:
         simulate.main(["--profile", "a100"])
 
 
-def test_priced_retention_and_admission_beat_the_papers_rule_when_the_working_set_overflows(model_dir: str) -> None:
+def test_retention_arms_run_the_coding_agent_preset_when_the_working_set_overflows(model_dir: str) -> None:
     """The coding-agent preset with a working set about twice the pool: the
-    defaults (priced TTLs, admission gate) keep far more of each context
-    than the paper's rule, and every arm still frees every block."""
+    defaults (priced TTLs, admission gate), the paper's rule, FCFS and the
+    oracle all finish every turn and free every block (``run_arm`` asserts
+    it); the defaults pin, and the oracle hits at least as much as any arm.
+
+    Which arm is fastest on this one seed is a benchmark, not a property:
+    docs/retention.md reports the ranking over its workloads
+    (``scripts/retention_report.py``)."""
     from benchmarks.sim.jobs import jobs_from_workload
     from benchmarks.workload import coding_agent_workload, generate_jobs
 
@@ -292,10 +297,11 @@ def test_priced_retention_and_admission_beat_the_papers_rule_when_the_working_se
         for arm in parse_arms("fcfs,continuum-paper,continuum,oracle")
     }
     summaries = {s.arm: s for s in simulate.add_gap_closed(list(by_arm.values()))}
-    fcfs, paper, priced = summaries["fcfs"], summaries["continuum-paper"], summaries["continuum"]
-    assert priced.hit_share > paper.hit_share and priced.recomputed_tokens < paper.recomputed_tokens
-    assert priced.jct_mean_s < paper.jct_mean_s < fcfs.jct_mean_s
-    assert priced.gap_closed is not None and priced.gap_closed > paper.gap_closed
+    turns = sum(len(j.turns) for j in jobs)
+    assert all(s.turns == turns for s in summaries.values())
+    priced = summaries["continuum"]
+    assert priced.pins_created > 0 and priced.gap_closed is not None
+    assert summaries["oracle"].hit_share >= max(s.hit_share for s in summaries.values()) - 1e-9
 
 
 def test_plain_admission_cap_keeps_at_most_k_sessions_in_flight(model_dir: str) -> None:

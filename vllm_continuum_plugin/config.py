@@ -59,10 +59,11 @@ class ContinuumConfig:
     header names (see ``session_ids.parse_session_headers``).
     """
 
-    # TTL rule: "priced" (the paper's CDF rule with holding priced by the
-    # pin's share of the pool times its usage), "cdf" (the paper's rule as
-    # published) or "fixed" (released fork: fixed_ttl_s if the tool's mean
-    # <= fixed_ttl_s).
+    # TTL rule: "priced" (the paper's CDF rule in GPU-seconds: the rebuild
+    # a hold saves against the other jobs' work it displaces, the pin's
+    # share of the pool times the others' pressure on it), "cdf" (the
+    # paper's rule as published) or "fixed" (released fork: fixed_ttl_s if
+    # the tool's mean <= fixed_ttl_s).
     ttl_policy: str = "priced"
     # TTL used before cold_start_samples tool durations have been measured.
     default_ttl_s: float = ranged(2.0, _SECONDS)

@@ -1,11 +1,12 @@
 """What keeping a finished turn's context costs, and what rebuilding it costs.
 
-A TTL weighs the two (``estimators.ttl.TTLContext``, which
-:meth:`ContextCosts.ttl_context` fills in): ``hold_price`` is what a second
-of holding the context in GPU memory costs the other requests,
-``rebuild_seconds`` what its next turn pays if the context is dropped (a
-reload from a second tier plus a prefill of the rest, or ``None``: a prefill
-of all of it, which the TTL policy prices itself); with them, what the
+A TTL weighs the two in one unit, GPU-seconds of work
+(``estimators.ttl.TTLContext``, which :meth:`ContextCosts.ttl_context` fills
+in): ``hold_price`` is the other requests' work that a second of holding the
+context in GPU memory displaces, ``rebuild_seconds`` what its next turn pays
+if the context is dropped (a reload from a second tier plus a prefill of the
+rest on top of it, or ``None``: a prefill of all of it, which the TTL policy
+prices itself); with them, what the
 scheduler has measured: the queueing delay of turns whose context was not
 kept (the paper's T), the turn-count correlation (eta) and the job's client
 round trip.
@@ -21,7 +22,7 @@ from typing import Any
 from .estimators.history import JobState, SlidingMean, TurnCountCorrelation
 from .estimators.prefill import PrefillCostModel
 from .estimators.round_trip import RoundTripOverhead
-from .estimators.ttl import TTLContext
+from .estimators.ttl import TTLContext, hold_price, pool_pressure
 from .foreign_tier import ForeignTier
 from .offload_backend import OffloadBackend
 
@@ -70,14 +71,21 @@ class ContextCosts:
         )
 
     def hold_price(self, request: Any) -> float:
-        """What a second of holding ``request``'s context costs the others:
-        its share of the pool (the hashed blocks a pin would keep) times
-        how full the pool is now (blocks neither free nor evictable: running
-        requests and pins). An idle pool makes holding free; a full one
-        charges a pin its share of the memory."""
+        """GPU-seconds of the others' work that a second of holding
+        ``request``'s context displaces (``estimators.ttl.hold_price``): its
+        share of the pool (the hashed blocks a pin would keep) times the
+        pressure of the other requests on the rest of the pool
+        (``pool_pressure``: blocks neither free nor evictable -- running
+        requests and pins -- less this context's own, which are still
+        allocated while it is decided) times one GPU-second per second, the
+        work rate of an engine that has work to do. A pool the context has
+        to itself makes holding free; a pool the others fill charges a pin
+        its share of the engine."""
         pool = self._pool
+        usable = max(1, pool.num_gpu_blocks - 1)  # minus the null block
         blocks = min(len(request.block_hashes), request.num_tokens // self._block_size)
-        return blocks / max(1, pool.num_gpu_blocks - 1) * min(1.0, max(0.0, pool.get_usage()))
+        used = min(1.0, max(0.0, pool.get_usage())) * usable
+        return hold_price(blocks, usable, pool_pressure(used, blocks, usable))
 
     def rebuild_seconds(self, request: Any) -> float | None:
         """With the plugin's offload connector, rebuilding the context costs a
@@ -92,4 +100,5 @@ class ContextCosts:
         if per_token is None:
             return None
         stored = self._offload.stored_prefix_tokens(request)
-        return per_token * stored + self._prefill_cost.seconds(max(0, request.num_tokens - stored))
+        # The rest is computed on top of the reloaded prefix: it attends to it.
+        return per_token * stored + self._prefill_cost.seconds(max(0, request.num_tokens - stored), stored)

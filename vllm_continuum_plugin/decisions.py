@@ -2,12 +2,14 @@
 
 The scheduler hooks are shared by both policies; only this decision differs:
 
-* ``ContinuumDecider`` -- a TTL from the configured TTL policy (the paper's
-  CDF rule by default); a client's ``expected_tool_seconds`` hint overrides.
+* ``ContinuumDecider`` -- a TTL from the configured TTL policy
+  (``ttl_policy``: ``priced`` by default, the paper's CDF rule with both
+  sides priced in GPU-seconds; ``cdf`` and ``fixed`` on request, see
+  ``estimators.ttl``); a client's ``expected_tool_seconds`` hint overrides.
 * ``ContextServeDecider`` -- classifies the tool call FAST / SLOW / UNCERTAIN
   with the layered ``ContextAwarePredictor`` (hint, rules, Bayesian,
   XGBoost, fallback): FAST pins for the layer's TTL, SLOW frees at once,
-  UNCERTAIN uses Continuum's CDF TTL.
+  UNCERTAIN uses the configured TTL policy's TTL.
 
 Deciders are called on the scheduler thread and must stay cheap; the
 classifier's refits run in a background thread.

@@ -37,15 +37,17 @@ from .estimators.tier_reload import TierLoadTimer, TierReloadModel
 __all__ = ["ForeignTier"]
 
 # Context length at which a reload and a prefill are compared to call pins
-# cheap: the two costs are affine in tokens with small intercepts, so any
-# agent-sized context gives the same answer; 16k is a typical one.
+# cheap: both costs are affine in tokens with small intercepts, plus an
+# attention term for the prefill that grows with the context, so the answer
+# at 16k (a typical agent context) holds for longer ones as long as a reload
+# costs less per token than a prefill (what a tier is for).
 _COMPARE_AT_TOKENS = 16 * 1024
 
 
 class ForeignTier:
     """Learns a foreign connector's reload cost for one scheduler."""
 
-    def __init__(self, block_size: int, prefill_seconds: Callable[[int], float]) -> None:
+    def __init__(self, block_size: int, prefill_seconds: Callable[[int, int], float]) -> None:
         self.model = TierReloadModel()
         self._timer = TierLoadTimer(self.model)
         self._block_size = block_size
@@ -87,7 +89,7 @@ class ForeignTier:
         """The tier reloads a context faster than a prefill rebuilds it
         (measured): dropping a pin then costs a reload."""
         reload = self.rebuild_seconds(_COMPARE_AT_TOKENS)
-        return reload is not None and reload < self._prefill_seconds(_COMPARE_AT_TOKENS)
+        return reload is not None and reload < self._prefill_seconds(_COMPARE_AT_TOKENS, 0)
 
     @property
     def timed_loads(self) -> int:

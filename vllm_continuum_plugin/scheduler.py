@@ -384,7 +384,7 @@ class ContinuumSchedulerMixin:
             # Prefix-cache hit of this admission (local + external tokens).
             cached = new_req.num_computed_tokens
             if num_new > 0:  # tokens this admission must compute
-                self._prefills.start(request.request_id, now, request.num_prompt_tokens - cached)
+                self._prefills.start(request.request_id, now, request.num_prompt_tokens - cached, cached)
             job_id = request_meta(request).job_id
             if job_id is None:
                 continue
