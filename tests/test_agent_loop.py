@@ -183,14 +183,20 @@ def test_commands_really_run_in_the_workspace(workspace):
 
 
 def test_a_command_past_its_timeout_is_killed(workspace):
-    runner = CommandRunner(timeout_s=1.0)
+    # The timeout is derived from how fast this machine starts a shell and
+    # echoes (a loaded 2-core machine can take over a second), so "started"
+    # is printed before it whatever the load.
+    t0 = time.perf_counter()
+    assert "started" in CommandRunner(timeout_s=60.0).run("echo started", workspace.path).output
+    timeout_s = max(1.0, 10 * (time.perf_counter() - t0))
+    runner = CommandRunner(timeout_s=timeout_s)
     start = time.perf_counter()
     # `sleep` in a child of bash keeps the output pipe open: only killing the
     # process group ends the command.
-    result = runner.run("echo started; sleep 30; echo never", workspace.path)
+    result = runner.run(f"echo started; sleep {30 + timeout_s:.0f}; echo never", workspace.path)
     elapsed = time.perf_counter() - start
     assert result.timed_out and result.returncode is None
-    assert elapsed < 20.0, elapsed  # killed at its timeout, not after the 30 s sleep
+    assert elapsed < timeout_s + 20.0, elapsed  # killed at its timeout, not after the 30 s sleep
     assert "started" in result.output and "never" not in result.output
 
 
