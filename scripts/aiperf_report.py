@@ -29,6 +29,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ARMS = "fcfs,continuum,context_serve,continuum-paper,oracle,continuum-no-header"
+# README.md's block this script owns (the summary of the page it writes).
+README_BEGIN = "<!-- aiperf-report: written by scripts/aiperf_report.py -->"
+README_END = "<!-- /aiperf-report -->"
 
 
 def run_dirs(root: Path, runs: int) -> list[Path]:
@@ -117,6 +120,45 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
     return "\n".join(lines)
 
 
+def readme_block(results: list[dict[str, Any]], arms: list[str]) -> str:
+    """The README's summary: mean JCT over the runs and the pooled gap share."""
+    first = results[0]
+    by_run = [{a["policy"]: a for a in r["arms"] if "error" not in a} for r in results]
+    means = {arm: [mean_jct(run[arm]) for run in by_run if arm in run] for arm in arms}
+    lines = [
+        README_BEGIN,
+        f"Live replay by NVIDIA AIPerf {first['aiperf_version']} of {len(first['sessions'])} real Claude Code "
+        f"sessions ({sum(s['turns'] for s in first['sessions'])} requests, `--session-header` as AIPerf sends it, "
+        f"prompts rebuilt from the traces' hash blocks), {first['cpu']}, {first['dtype']}, "
+        f"{len(results)} run(s); full table: [docs/aiperf.md](docs/aiperf.md).",
+        "",
+        "| arm | mean session JCT, mean of runs | FCFS -> oracle gap closed (pooled) |",
+        "|---|---|---|",
+    ]
+    fc, orc = means.get("fcfs") or [], means.get("oracle") or []
+    for arm in arms:
+        values = means[arm]
+        if not values or any(v is None for v in values):
+            lines.append(f"| {arm} | failed | - |")
+            continue
+        share = "-"
+        if len(fc) == len(orc) == len(values) and all(v is not None for v in fc + orc):
+            g = gap_share(sum(fc), sum(orc), sum(values))
+            share = f"{g:+.0%}" if g is not None else "-"
+        lines.append(f"| {arm} | {sum(values) / len(values):.1f} s | {share} |")
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def update_readme(path: Path, block: str) -> None:
+    text = path.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"{path} has no {README_BEGIN!r} ... {README_END!r} block to write")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    path.write_text(head + block + tail)
+
+
 def plot(results: list[dict[str, Any]], arms: list[str], path: Path) -> None:
     import matplotlib
 
@@ -151,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run directories go here as run1, run2, ... (default: %(default)s)")
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "aiperf.md", help="page to write")
     parser.add_argument("--plot", type=Path, default=REPO / "docs" / "aiperf.png", help="plot to write")
+    parser.add_argument("--readme", type=Path, default=REPO / "README.md",
+                        help="README whose aiperf-report block gets the summary (default: %(default)s)")
     parser.add_argument("--only-report", action="store_true", help="render from existing run directories")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -167,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(results, arms, command)
     args.doc.write_text(text)
     plot(results, arms, args.plot)
+    update_readme(args.readme, readme_block(results, arms))
     print(text)
     return 0
 

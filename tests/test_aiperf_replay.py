@@ -372,3 +372,35 @@ def test_live_arm_every_request_succeeds(tmp_path):
     assert all(r["ttft_s"] is not None and r["ttft_s"] > 0 for r in arm["requests_detail"])
     # The second and third turns reuse the first's prefix (same server, 1 s gaps).
     assert arm["prefix_cache_hit_share"] is not None and arm["prefix_cache_hit_share"] > 0
+
+
+def test_the_report_pools_the_gap_share_over_runs_and_writes_the_readme_block(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import aiperf_report
+    finally:
+        sys.path.pop(0)
+
+    def arm(name, jct, hit=0.5):
+        return {"policy": name, "jct_s": {"mean": jct}, "prefix_cache_hit_share": hit, "failed": 0,
+                "server_counters": {"jobs_ended": 3, "pins_created": 10}}
+
+    runs = []
+    for i, (fcfs, cont, oracle) in enumerate([(300.0, 150.0, 100.0), (200.0, 150.0, 100.0)]):
+        d = tmp_path / f"run{i + 1}"
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps({
+            "cpu": "Test CPU", "dtype": "float32", "aiperf_version": "0.13.0", "num_blocks": 600, "block_size": 32,
+            "config": {"merge": 16, "max_think": 5.0}, "sessions": [{"turns": 15}] * 24,
+            "arms": [arm("fcfs", fcfs), arm("continuum", cont), arm("oracle", oracle)]}))
+        runs.append(d)
+    results = [aiperf_report.load(d) for d in runs]
+    text = aiperf_report.render(results, ["fcfs", "continuum", "oracle"], "cmd")
+    # Run 1 closes 75% of its gap, run 2 50%; pooled (500-300)/(500-200) = 67%.
+    assert "| continuum | 150.0 | 150.0 | +75%, +50% | +67% |" in text
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{aiperf_report.README_BEGIN}\nold\n{aiperf_report.README_END}\noutro\n")
+    aiperf_report.update_readme(readme, aiperf_report.readme_block(results, ["fcfs", "continuum", "oracle"]))
+    body = readme.read_text()
+    assert body.startswith("intro\n") and body.endswith("outro\n") and "old" not in body
+    assert "| continuum | 150.0 s | +67% |" in body
