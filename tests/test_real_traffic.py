@@ -210,3 +210,25 @@ def test_a_job_whose_ttl_chose_not_to_hold_is_not_counted_by_the_gate():
     assert "fast" in s.pins and s.admission.demand_blocks(s.clock.time()) >= 20
     lapse_every_pin(s)
     assert_all_blocks_free(s)
+
+
+@pytest.mark.parametrize("forecast", [True, False])
+def test_the_gate_counts_a_job_at_the_size_jobs_grow_to_when_forecasting(forecast):
+    s = make_scheduler(num_blocks=256, continuum={**FIXED, "admission_forecast": forecast})
+    # Eight sessions that each grew by 10 blocks after admission, then ended.
+    for i in range(8):
+        r1 = make_request(prompt_of(70 + i, 4 * BLOCK), max_tokens=4, job_id=f"grown-{i}", is_last_step=False)
+        s.add_request(r1)
+        run_until_finished(s, [r1])
+        r2 = make_request(list(r1.all_token_ids) + prompt_of(80 + i, 10 * BLOCK), max_tokens=2,
+                          job_id=f"grown-{i}", is_last_step=True)
+        s.add_request(r2)
+        run_until_finished(s, [r2])
+    assert s.admission.expected_growth() == (10 if forecast else 0)
+    new = make_request(prompt_of(90, 4 * BLOCK), max_tokens=4, job_id="new", is_last_step=False)
+    s.add_request(new)
+    run_until_finished(s, [new])
+    # Counted at its forecast size: 4 blocks at admission + 10 of growth.
+    assert s.admission.demand_blocks(s.clock.time()) == (14 if forecast else 4)
+    lapse_every_pin(s)
+    assert_all_blocks_free(s)

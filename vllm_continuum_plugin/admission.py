@@ -14,6 +14,14 @@ the admitted ones keep their contexts and finish fast.
   admitted turn, then everything the turn computed). A turn whose TTL chose
   not to hold its context (freed or offloaded) holds nothing: the job
   leaves the demand until its next turn is admitted.
+* With ``forecast`` on, a footprint is what the job will hold, not what it
+  holds: agent sessions grow after admission (by ~30k tokens on the real
+  Claude Code traces), so a gate that counts only the context as last seen
+  admits jobs that will not fit later, and they thrash. The forecast is the
+  mean growth, first admission to end, of the last jobs that ended
+  (``GROWTH_WINDOW``, once ``MIN_GROWTH_SAMPLES`` ended): a job under way
+  counts ``max(blocks now, blocks at admission + mean growth)``, a newcomer
+  its prompt plus the mean growth.
 * Blocks several jobs share (a system prompt, a tool list: the same chained
   block hashes) are one set of blocks in the pool and count once: each job
   counts the blocks beyond the longest prefix it shares with another job
@@ -52,9 +60,18 @@ from typing import Any
 
 from vllm.v1.request import Request
 
+from .estimators.history import SlidingMean
 from .prompt_prefix import PromptPrefix
 
-__all__ = ["AdmissionGate"]
+__all__ = ["GROWTH_WINDOW", "MIN_GROWTH_SAMPLES", "AdmissionGate"]
+
+# Ended jobs whose growth the forecast averages, and how many must have
+# ended before it forecasts at all.
+GROWTH_WINDOW = 256
+MIN_GROWTH_SAMPLES = 8
+# Jobs whose size at first admission is remembered for their growth sample
+# (the oldest go first past this: a job that never ends gives no sample).
+MAX_TRACKED_JOBS = 65536
 
 
 @dataclass
@@ -83,6 +100,7 @@ class AdmissionGate:
         quiet_after_s: float,
         max_wait_s: float,
         rank: Callable[[Request], Any],
+        forecast: bool = False,
     ) -> None:
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
@@ -91,7 +109,12 @@ class AdmissionGate:
         self.quiet_after_s = quiet_after_s
         self.max_wait_s = max_wait_s
         self._rank = rank
+        self.forecast = forecast
         self._jobs: dict[str, _Footprint] = {}
+        # job -> (blocks at its first admission, blocks last seen): a job's
+        # growth when it ends (kept while it holds nothing, too).
+        self._sizes: dict[str, tuple[int, int]] = {}
+        self._growth = SlidingMean(GROWTH_WINDOW)
         self._new: dict[str, Request] = {}  # request id -> a waiting first turn
         self._held: list[Request] = []
         self.held_total = 0  # first turns held back in a step (a turn held for k steps counts k)
@@ -129,7 +152,14 @@ class AdmissionGate:
             if partner.shared < footprint.shared:  # the partner's prefix is the shared one now
                 partner.shared, partner.shared_key = footprint.shared, footprint.shared_key
         self._jobs[job_id] = footprint
+        self._note_size(job_id, footprint.blocks)
         self._version += 1
+
+    def _note_size(self, job_id: str, blocks: int) -> None:
+        first, last = self._sizes.pop(job_id, (blocks, blocks))
+        self._sizes[job_id] = (first, max(last, blocks))
+        if len(self._sizes) > MAX_TRACKED_JOBS:
+            del self._sizes[next(iter(self._sizes))]
 
     def on_turn_finished(self, job_id: str, request: Request, now: float) -> None:
         """A non-final turn finished: the job waits on its tool with this context."""
@@ -137,13 +167,27 @@ class AdmissionGate:
         if footprint is not None:
             footprint.blocks = max(footprint.shared, request.num_tokens // self.block_size)
             footprint.finished_at = now
+            self._note_size(job_id, footprint.blocks)
             self._version += 1
 
-    def on_job_end(self, job_id: str) -> None:
-        """The job ended, answered, or its finished turn holds nothing (its
-        TTL freed or offloaded the context): it leaves the demand."""
+    def on_job_end(self, job_id: str, ended: bool = False) -> None:
+        """The job ended or answered (``ended``: its growth is a sample of
+        the forecast), or its finished turn holds nothing (its TTL freed or
+        offloaded the context): it leaves the demand."""
+        if ended:
+            sizes = self._sizes.pop(job_id, None)
+            if sizes is not None:
+                self._growth.add(sizes[1] - sizes[0])
+                self._version += 1  # the forecast may have moved
         if self._jobs.pop(job_id, None) is not None:
             self._version += 1
+
+    def expected_growth(self) -> int:
+        """Blocks a job is forecast to grow by from its first admission to its
+        end (0 with ``forecast`` off or too few jobs ended)."""
+        if not self.forecast or len(self._growth) < MIN_GROWTH_SAMPLES:
+            return 0
+        return max(0, round(self._growth.mean()))
 
     def forget(self, request: Request) -> None:
         """A waiting first turn left without being admitted (aborted)."""
@@ -159,8 +203,13 @@ class AdmissionGate:
             del self._jobs[job_id]
         prefixes: dict[Any, int] = {}
         own = 0
-        for f in self._jobs.values():
-            own += f.blocks - f.shared
+        growth = self.expected_growth()
+        for job_id, f in self._jobs.items():
+            blocks = f.blocks
+            if growth:
+                first = self._sizes.get(job_id, (blocks, blocks))[0]
+                blocks = max(blocks, first + growth)
+            own += blocks - f.shared
             if f.shared:
                 prefixes[f.shared_key] = max(prefixes.get(f.shared_key, 0), f.shared)
         return own + sum(prefixes.values())
@@ -182,13 +231,14 @@ class AdmissionGate:
 
     def _decide(self, waiting: Any, running: bool, now: float) -> None:
         room = self.capacity_blocks - self.demand_blocks(now)
+        growth = self.expected_growth()
         candidates = sorted((r for r in self._new.values() if r in waiting), key=self._rank)
         decision: list[Request] = []
         blocked = False
         valid_until = math.inf
         for request in candidates:
             # Its prefix that jobs under way hold already costs nothing more.
-            need = request.num_prompt_tokens // self.block_size - self._held_prefix(request)
+            need = request.num_prompt_tokens // self.block_size - self._held_prefix(request) + growth
             due = request.arrival_time + self.max_wait_s
             if now >= due:
                 continue  # overdue: passes whatever the pool holds

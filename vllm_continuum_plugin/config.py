@@ -95,6 +95,10 @@ class ContinuumConfig:
     # Admission: the longest a new job's first turn is held back (then it
     # passes whatever the pool holds).
     admission_max_wait_s: float = ranged(600.0, _SECONDS)
+    # Admission: count a job under way as the size it is forecast to reach
+    # (its size at admission plus the mean growth of the jobs that ended),
+    # not as its context last seen.
+    admission_forecast: bool = False
     # Samples kept per tool key (and globally) for the CDF. Capped at 2**16:
     # each new sample is an O(n) insert and each decision an O(n) pass on
     # the scheduler thread.

@@ -241,6 +241,7 @@ class ContinuumSchedulerMixin:
                 quiet_after_s=cfg.max_ttl_s,
                 max_wait_s=cfg.admission_max_wait_s,
                 rank=self.order.queue_key,
+                forecast=cfg.admission_forecast,
             )
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
@@ -556,7 +557,7 @@ class ContinuumSchedulerMixin:
             self.jobs.forget(job_id)
             self.conversations.forget(job_id)
         if self.admission is not None:
-            self.admission.on_job_end(job_id)
+            self.admission.on_job_end(job_id, ended=end_reason is not None)
         if self.implicit_jobs is not None:
             # An aborted implicit turn is not retried by prefix: its job ends too.
             self.implicit_jobs.forget(job_id)
