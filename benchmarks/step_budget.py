@@ -24,7 +24,11 @@ all of them alike. Phases (every request distinct):
   a hermes ``<tool_call>`` whose JSON never closes;
 * ``refit`` (``context_serve`` only): ``hostile_hints`` rounds while the
   ContextServe classifier refits in its background thread (started by
-  feeding it ``refit_every`` observations between rounds, untimed).
+  feeding it ``refit_every`` observations between rounds, untimed);
+* ``sessions``: every turn of a round names the same session id with its
+  own 4,000-token prompt, so each ``add_request`` matches its prompt against
+  the session's conversations so far (up to 8, by shared prefix:
+  ``prompt_prefix``), the most a request's arrival costs.
 
 Prints, per phase and policy, the per-round time (median and max, ms) and
 the plugin's added cost per turn end against ``fcfs`` in the same phase
@@ -60,7 +64,8 @@ from .engine_rig import TINY_MODEL, fake_model_output, make_request, make_schedu
 __all__ = ["BUDGET_MS", "PHASES", "POLICIES", "main", "measure"]
 
 POLICIES = ("fcfs", "continuum", "context_serve")
-PHASES = ("plain", "hostile_hints", "hostile_replies", "refit")
+PHASES = ("plain", "hostile_hints", "hostile_replies", "refit", "sessions")
+SESSION_PROMPT_TOKENS = 4000
 # The most the plugin may add to a step per turn that ends in it.
 BUDGET_MS = 3.0
 MAX_HINT_CHARS = 16384  # metadata.MAX_TOOL_COMMAND_CHARS: the largest hint the API accepts
@@ -218,6 +223,9 @@ def build_rounds(
             prompt = [100 + n // 20000 % 20000, 100 + n % 20000, *prompt_of(n % 5000, 62)]
             if phase == "plain":
                 turns.append(Turn(prompt, plain_reply, f"job-{phase}-{n}", "ls -la"))
+            elif phase == "sessions":
+                long_prompt = prompt + [100 + (n * 31 + i) % 20000 for i in range(SESSION_PROMPT_TOKENS - len(prompt))]
+                turns.append(Turn(long_prompt, plain_reply, f"session-{len(out)}-{warmup}", "ls -la"))
             elif phase in ("hostile_hints", "refit"):
                 turns.append(Turn(prompt, plain_reply, f"job-{phase}-{n}", hostile_hint(n)))
             else:
