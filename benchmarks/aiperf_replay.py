@@ -472,10 +472,19 @@ def aiperf_version(aiperf: str) -> str | None:
     return out.stdout.strip() or None
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .dtype import cpu_name, serving_dtype
 
     args = build_parser().parse_args(argv)
+    # A SIGTERM (a timeout, a report stopping its runs) unwinds like Ctrl-C,
+    # so each arm's `finally` stops its server and AIPerf by their PIDs.
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupted)
     if args.summarize:
         return summarize_paths(args.summarize)
     args.session_ids = [s.strip() for s in args.session_ids.split(",") if s.strip()]
