@@ -161,7 +161,10 @@ def aiperf_command(
         *header,
         "--no-fixed-schedule", "--use-think-time-only",
         "--concurrency", n, "--conversation-num", str(sessions),
-        "--extra-inputs", "ignore_eos:true",
+        # A randomly initialised model (tiny-llama) samples special tokens
+        # too; skipped, a reply can decode to nothing, which AIPerf counts as
+        # an error ("no responses with actual content").
+        "--extra-inputs", "ignore_eos:true", "skip_special_tokens:false",
         # Token counts from the server's usage (no client-side tokenising of
         # every reply on a 2-core machine that also runs the server).
         "--use-server-token-count",

@@ -270,8 +270,9 @@ def test_matching_costs_a_bounded_number_of_hash_compares_whatever_the_prompt_le
             w.send("big", request([CountingHash(f"c{c}-{i}") for i in range(n + turn)]))
     CountingHash.compares = 0
     stranger = request([CountingHash(f"z-{i}") for i in range(n)])
-    for key in w.c.keys_of("big"):
+    for key in w.c.keys_of("big"):  # each ran a turn and has its next in flight
         w.jobs[key].in_flight = 1
+        w.jobs[key].turns_finished = 1
     assert w.send("big", stranger) is None  # all 8 busy: served as stock
     bound = 8 * 2 * (CHECKPOINTS.bit_length() + 1)
     assert 0 < CountingHash.compares <= bound

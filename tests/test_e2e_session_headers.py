@@ -156,7 +156,9 @@ def test_two_byte_identical_sessions_with_different_ids_each_hand_over_their_own
     sessions = [{"X-Claude-Code-Session-Id": f"7a6b5c4d-3e2f-4a1b-8c9d-00000000000{i}"} for i in (1, 2)]
     messages = [{"role": "user", "content": "Same task for both. " + filler("same", 40)}]
     replies = [post_messages(server, messages, headers=h) for h in sessions]
-    assert replies[0] == replies[1]  # greedy: byte-identical conversations
+    # Greedy replies may still differ where the server runs bf16 (the second
+    # session's prefill is a prefix-cache hit, with other rounding): both
+    # next turns carry the first reply, so the sessions stay byte-identical.
     assert wait_for(lambda: server.metric("vllm_continuum:pins_created") >= created + 2)
     following = messages + [{"role": "assistant", "content": replies[0]},
                             {"role": "user", "content": "Tool output: " + filler("same out", 30)}]

@@ -38,16 +38,20 @@ def test_a_rewritten_tail_continues_and_a_compacted_history_does_not():
     assert not prefix.continued_by(chain(300, diverge_at=200))  # a summary after the system prompt
 
 
-def test_the_base_others_share_is_no_continuation_but_is_capped_at_half_the_prompt():
+def test_the_base_others_share_is_no_continuation_even_when_it_is_most_of_the_prompt():
     prefix = PromptPrefix(chain(100), 100)
     # 40 blocks of system prompt and tools came from other traffic: a sub-agent
     # sharing 45 shares too little beyond them; one sharing 75 continues.
     assert not prefix.continued_by(chain(120, diverge_at=45), base_blocks=40)
     assert prefix.continued_by(chain(120, diverge_at=75), base_blocks=40)
-    # A resumed session whose first turn hit everything: the base counts as
-    # half the prompt, so the prompt can still be continued.
-    assert prefix.continued_by(chain(120, diverge_at=99), base_blocks=100)
+    # A sub-agent beside a prompt that is mostly system prompt and tools (80
+    # of its 100 blocks, computed by earlier traffic) shares all of them and
+    # nothing of its own: no continuation.
+    assert not prefix.continued_by(chain(120, diverge_at=80), base_blocks=80)
     assert prefix.continuation(chain(120, diverge_at=40), base_blocks=40) is None
+    # A resumed session whose first turn hit everything: its exact
+    # continuation still continues it (the base stops a block short).
+    assert prefix.continued_by(chain(120), base_blocks=100)
 
 
 def test_a_prompt_shorter_than_a_block_continues_nothing():

@@ -24,6 +24,7 @@ from harness import (
 from scheduler_turns import assert_all_blocks_free, first_turn, flood, job_seed, next_turn_prompt
 from vllm.v1.request import RequestStatus
 
+from vllm_continuum_plugin.request_record import request_meta
 from vllm_continuum_plugin.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
 
 BLOCK = 16
@@ -177,7 +178,10 @@ def test_pin_cap_is_never_exceeded():
     assert "job0" in s.pins and "job1" in s.pins
 
 
-def test_overlapping_turns_of_one_job_do_not_crash_and_keep_one_pin():
+def test_overlapping_turns_of_one_job_do_not_crash_and_keep_one_pin_each():
+    # r2 arrives while r1, the job's first turn, still runs: with no reply
+    # yet it cannot be r1's next turn, so it is a parallel branch (as
+    # parallel sub-agents are) -- a conversation of its own, with its own pin.
     s = make_scheduler(num_blocks=64)
     p1, p2 = prompt_of(1, 60), prompt_of(1, 90)
     r1 = make_request(p1, max_tokens=3, job_id="same", is_last_step=False)
@@ -185,11 +189,16 @@ def test_overlapping_turns_of_one_job_do_not_crash_and_keep_one_pin():
     s.add_request(r1)
     s.add_request(r2)
     run_until_finished(s, [r1, r2])
-    assert len(s.pins) == 1 and s.pins.get("same").request_id == r2.request_id
-    assert s.continuum_metrics.snapshot()["pins_released"]["handoff"] == 1
+    keys = {request_meta(r1).job_id, request_meta(r2).job_id}
+    assert len(keys) == 2 and len(s.pins) == 2
+    # The last step continues r2's prompt (the longest shared prefix): it ends
+    # that conversation; r1's pin lapses at its TTL.
     r3 = make_request(p2, max_tokens=2, job_id="same", is_last_step=True)
     s.add_request(r3)
     run_until_finished(s, [r3])
+    assert request_meta(r3).job_id == request_meta(r2).job_id and len(s.pins) == 1
+    s.clock.advance(3600.0)
+    step(s)
     assert_all_blocks_free(s)
 
 

@@ -19,7 +19,9 @@ decided by shared prefix (:mod:`~.prompt_prefix`):
    (reasoning dropped from history, a reminder, AIPerf's hash-block
    prompts) still continues it; a compacted history or a sub-agent sharing
    only the system prompt does not. Ties go to the most recently used; a
-   pin holds one of those prompts, so it is decided the same way;
+   pin holds one of those prompts, so it is decided the same way. A
+   conversation whose first turn is still running is continued by nothing
+   (no reply yet: a request sharing its prompt is a parallel sub-agent);
 2. else a new conversation of the session. The session's first keeps the
    session id as its job key; later ones get ``conversation_key(session,
    n)``, which no client can name (the separator is not printable, and job
@@ -179,6 +181,21 @@ class Conversations:
         entry = self._sessions.get(session)
         return list(entry.conversations) if entry is not None else []
 
+    def beside_an_agent(self, key: str, job_of: Callable[[str], JobState | None]) -> bool:
+        """Does ``key``'s session hold another live conversation that is an
+        agent's (it offered the model tools or called one)? Only beside one
+        is a tool-less one-turn conversation a side request (a title, a
+        summary); a session of tool-less conversations (a chat, a replay
+        tool) has none."""
+        entry = self._sessions.get(session_of(key))
+        if entry is None:
+            return False
+        for other in entry.conversations:
+            job = job_of(other) if other != key else None
+            if job is not None and (job.had_tool_call or job.tools_offered):
+                return True
+        return False
+
     def has_siblings(self, key: str) -> bool:
         """Does ``key``'s session hold a live conversation besides ``key``?"""
         entry = self._sessions.get(session_of(key))
@@ -224,6 +241,10 @@ class Conversations:
             session = self._sessions[session_id] = _Session()
         self._sessions.move_to_end(session_id)
         key = self._continued(session, request.block_hashes, meta.scope, job_of)
+        if key is None and session.conversations and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("continuum: request %s (%d prompt blocks) continues no conversation of session %s: %s",
+                         request.request_id, prompt.num_blocks, session_id,
+                         self._why_not(session, request.block_hashes, meta.scope, job_of))
         if key is None:
             key = self._start(session_id, session, job_of, continues_pin)
             if key is None:
@@ -253,11 +274,33 @@ class Conversations:
             job = job_of(key)
             if job is not None and job.scope != scope:
                 continue  # another client's conversation is never continued
+            if job is not None and job.turns_finished == 0 and job.in_flight > 0:
+                # Its first turn has no reply yet, so nothing can be its next
+                # turn: a request sharing its prompt is a parallel branch
+                # (Claude Code starts Explore sub-agents with near-identical
+                # prompts at once), a conversation of its own.
+                continue
             base = (job.first_hit_tokens or 0) // self._block_size if job is not None else 0
             shared = session.conversations[key].continuation(block_hashes, base)
             if shared is not None and shared > best_shared:
                 best, best_shared = key, shared
         return best
+
+    def _why_not(
+        self, session: _Session, block_hashes: Sequence[Any], scope: str, job_of: Callable[[str], JobState | None],
+    ) -> str:
+        """For a DEBUG line: each conversation's shared blocks / prompt blocks
+        (base), or its other scope."""
+        parts = []
+        for key, conversation in session.conversations.items():
+            job = job_of(key)
+            if job is not None and job.scope != scope:
+                parts.append(f"{shown(key)}: another scope")
+                continue
+            base = (job.first_hit_tokens or 0) // self._block_size if job is not None else 0
+            shared = ", ".join(f"{p.shared_blocks(block_hashes)}/{p.num_blocks}" for p in conversation.prompts)
+            parts.append(f"{shown(key)}: shares {shared or 'nothing remembered'} (base {base})")
+        return "; ".join(parts)
 
     def _start(
         self, session_id: str, session: _Session, job_of: Callable[[str], JobState | None],

@@ -90,17 +90,21 @@ class PromptPrefix:
 
     def continued_by(self, block_hashes: Sequence[Any], base_blocks: int = 0) -> bool:
         """Does a request with these block hashes continue this prompt? (See
-        module doc: it shares more than ``base_blocks``, capped at half the
-        prompt, and :data:`CONTINUE_SHARE` of the blocks beyond it.)"""
+        module doc: it shares more than ``base_blocks`` -- at most all but
+        the prompt's last block -- and :data:`CONTINUE_SHARE` of the blocks
+        beyond it.)"""
         return self.continuation(block_hashes, base_blocks) is not None
 
     def continuation(self, block_hashes: Sequence[Any], base_blocks: int = 0) -> int | None:
         """The blocks shared when a request with these block hashes
         continues this prompt (:meth:`continued_by`), else None."""
+        if self.num_blocks == 0:
+            return None  # shorter than one block: nothing to continue
         shared = self.shared_blocks(block_hashes)
         # A base as long as the prompt (a resumed session whose first turn
-        # hit everything) must not make the prompt impossible to continue.
-        base = min(max(0, base_blocks), self.num_blocks // 2)
+        # hit everything) must not make the prompt impossible to continue:
+        # its exact continuation still does.
+        base = min(max(0, base_blocks), self.num_blocks - 1)
         if shared > base and shared - base >= CONTINUE_SHARE * (self.num_blocks - base):
             return shared
         return None

@@ -227,7 +227,7 @@ class ContinuumSchedulerMixin:
         self.turns = TurnReader(
             self.replies, self.jobs, self.pins, frozenset(cfg.finish_action_list),
             TurnRules(implicit_jobs=self.implicit_jobs is not None, pinning=self.pinning_enabled),
-            has_siblings=self.conversations.has_siblings,
+            beside_an_agent=lambda key: self.conversations.beside_an_agent(key, self.jobs.get),
         )
         self.soft_pins = SoftPins(
             self, self.pins, self.order,
@@ -315,6 +315,8 @@ class ContinuumSchedulerMixin:
     def _on_job_arrival(self, request: Request, meta: JobMetadata) -> None:
         assert meta.job_id is not None
         job, measured, tool_key = self.jobs.on_arrival(meta.job_id, request.arrival_time, meta.scope)
+        if meta.tools_offered is not None:  # known from the first turn on (an agent beside a title)
+            job.tools_offered = meta.tools_offered
         self.order.credit(request, job)
         if measured is not None and meta.scope != job.scope:
             # Another client's request under this job id: its gap is no tool

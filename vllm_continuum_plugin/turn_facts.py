@@ -30,15 +30,16 @@ class TurnReader:
 
     def __init__(
         self, replies: ReplyReader, jobs: JobTracker, pins: PinManager, finish_actions: frozenset[str],
-        rules: TurnRules, has_siblings: Callable[[str], bool] = lambda key: False,
+        rules: TurnRules, beside_an_agent: Callable[[str], bool] = lambda key: False,
     ) -> None:
         self._replies = replies
         self._jobs = jobs
         self._pins = pins
         self._finish_actions = finish_actions
         self.rules = rules
-        # Does a job key's session hold another live conversation?
-        self._has_siblings = has_siblings
+        # Does a job key's session hold another live conversation that is an
+        # agent's (offered tools or called one)?
+        self._beside_an_agent = beside_an_agent
 
     def read(self, request: Any) -> tuple[FinishedTurn, ToolCall | None]:
         """The facts ``decide_turn`` reads for ``request`` (finished or
@@ -59,7 +60,7 @@ class TurnReader:
             tools_offered=meta.tools_offered,
             tool_hinted=(meta.tool_name is not None or meta.tool_command is not None
                          or meta.expected_tool_seconds is not None),
-            side_conversation=job_id is not None and self._has_siblings(job_id),
+            side_conversation=job_id is not None and self._beside_an_agent(job_id),
             token_prompt=has_token_prompt(request),
             pin=(PinRelation.NONE if continues_pin is None
                  else PinRelation.CONTINUED if continues_pin else PinRelation.OTHER_CONTEXT),

@@ -167,7 +167,8 @@ class FinishedTurn:
     # The client sent a tool hint (name, command, expected seconds): a tool
     # runs before the next turn, whatever the request offered the model.
     tool_hinted: bool = False
-    # Another conversation of the job's session is live (conversations).
+    # Another conversation of the job's session is live and is an agent's:
+    # it offered the model tools or called one (conversations).
     side_conversation: bool = False
     # The prompt is token ids (not embeddings): implicit jobs match by them.
     token_prompt: bool = True
