@@ -370,3 +370,35 @@ def test_subagents_replay_and_hold_their_parent(name: str, sessions: list[Any], 
             assert arrivals[(parent, turn)] == pytest.approx(max(ends[s.job_id] + s.resume_s for s in mine))
     if client.replies == "calls":
         assert any(c is not None for c in calls)
+
+
+# ----------------------------------------------------------------------
+# The retention report's client sections
+# ----------------------------------------------------------------------
+@pytest.mark.unit
+def test_retention_report_runs_every_profile_on_the_same_arrivals() -> None:
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "retention_report.py")
+    spec = importlib.util.spec_from_file_location("retention_report_under_test", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    seen: list[list[str]] = []
+
+    def point(title: str, out: str, argv: list[str]) -> list[dict]:
+        seen.append(argv)
+        simulate.build_parser().parse_args(argv)  # the simulator takes it
+        return [{"client": c, "arm": a, "jct_mean_s": jct, "jct_p90_s": jct, "ttft_mean_s": 0.1, "hit_share": 0.5,
+                 "recomputed_tokens": 0, "pins_created": 3, "pins_handed_over": 1, "pins_expired": 1,
+                 "pins_released_under_pressure": 1, "gap_closed": None}
+                for c in report.CLIENT_PROFILES
+                for a, jct in (("fcfs", 200.0), ("continuum", 150.0 if c == "tagged" else 180.0), ("oracle", 100.0))]
+
+    lines = report.client_sections(point, ["--workload", "coding-agent", "--rate", "15"],
+                                   ["--workload", "spread", "--rate", "15"])
+    assert len(seen) == 3
+    for argv in seen:
+        assert argv[argv.index("--client") + 1] == "tagged,headers-only,aiperf,reasoning"
+    assert "--subagents" in seen[2] and "--shared-system" in seen[2]
+    rows = [line for line in lines if line.startswith("| headers-only | continuum |")]
+    assert len(rows) == 3 and "| +20.0% |" in rows[0]  # 180 s against tagged's 150 s
