@@ -100,6 +100,8 @@ def test_metadata_tagged_sends_every_flag_others_only_a_session() -> None:
         # No is_last_step (not even False), no tool kind, no hint.
         assert request_metadata(CLIENTS[name], "j", False, "ls") == (None, "j")
         assert request_metadata(CLIENTS[name], "j", True, "") == (None, "j")
+        assert request_metadata(CLIENTS[name], "s/agent_001", False, "", "s") == (None, "s")  # a sub-agent
+    assert request_metadata(tagged, "s/agent_001", False, "", "s")[0]["job_id"] == "s/agent_001"
 
 
 # ----------------------------------------------------------------------
@@ -206,7 +208,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _run(arm_name: str, jobs: list[SimJob], model_dir: str, client: ClientProfile,
          num_blocks: int = 4000) -> tuple[Any, Any, list[Any]]:
     """One arm over ``jobs``; returns (summary, records, the tool calls the
-    plugin read from replies)."""
+    plugin read from replies). The plugin's metrics land in
+    ``records.counters["metrics"]``."""
     settings = simulate.SimSettings(PROFILE, RooflineStepModel(PROFILE), model_dir, num_blocks, client=client,
                                     tokenizer=TOKENIZER if client.needs_tokenizer else "")
     engine = simulate.build_engine(ARMS[arm_name], jobs, settings)
@@ -223,6 +226,7 @@ def _run(arm_name: str, jobs: list[SimJob], model_dir: str, client: ClientProfil
         replies.tool_call = recording
     try:
         records = engine.run()
+        records.counters["metrics"] = getattr(engine.scheduler, "continuum_metrics", None)
         free, usable = engine.free_blocks()
         assert free == usable, f"{usable - free} KV blocks held after the run"
     finally:
@@ -370,6 +374,17 @@ def test_subagents_replay_and_hold_their_parent(name: str, sessions: list[Any], 
             assert arrivals[(parent, turn)] == pytest.approx(max(ends[s.job_id] + s.resume_s for s in mine))
     if client.replies == "calls":
         assert any(c is not None for c in calls)
+    metrics = records.counters["metrics"]
+    if client.metadata == "session":
+        # Under the parent's session id a sub-agent (it shares no block with
+        # the parent) starts a conversation of its own -- except one whose
+        # first prompt all but repeats a sibling's launched with it (the
+        # traces' parallel Explore agents share 1440 of ~1460 tokens): the
+        # prefix rule takes it for the sibling's next turn.
+        assert 1 <= metrics.conversations_started <= len(subs)
+        assert metrics.context_mismatches == 0
+    else:
+        assert metrics.conversations_started == 0  # tagged sub-agents name jobs of their own
 
 
 # ----------------------------------------------------------------------

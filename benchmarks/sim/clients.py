@@ -128,13 +128,14 @@ def parse_clients(spec: str) -> list[ClientProfile]:
 
 
 def request_metadata(
-    client: ClientProfile, job_id: str, last: bool, tool_name: str,
+    client: ClientProfile, job_id: str, last: bool, tool_name: str, session_id: str = "",
 ) -> tuple[dict[str, Any] | None, str | None]:
     """``(extra_args, session_id)`` of a request of job ``job_id``: the
-    tagged metadata, or the session id alone. ``last``: the job's last
-    request; ``tool_name``: the tool its reply runs ("" for none)."""
+    tagged metadata, or the session id alone (``session_id``, default the
+    job id: a sub-agent names its parent's session). ``last``: the job's
+    last request; ``tool_name``: the tool its reply runs ("" for none)."""
     if client.metadata == "session":
-        return None, job_id
+        return None, session_id or job_id
     extra: dict[str, Any] = {"job_id": job_id, "is_last_step": last}
     if tool_name and not last:
         extra["tool_name"] = tool_name

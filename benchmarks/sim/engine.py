@@ -291,9 +291,7 @@ class ReplayEngine:
         extra: dict[str, Any] | None = None
         session: str | None = None
         if self.send_metadata:
-            extra, session = request_metadata(self.client, job.job_id, last, turn.tool_name)
-            if session is not None:
-                session = job.session
+            extra, session = request_metadata(self.client, job.job_id, last, turn.tool_name, job.session)
         params = SamplingParams(max_tokens=turn.output_tokens, ignore_eos=True, extra_args=extra)
         request_id = f"{job.job_id}#{turn_index}"
         prompt = self.book.prompt(turn.prompt, self._prompts.get(job_index))
