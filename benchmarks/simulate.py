@@ -17,6 +17,9 @@ Examples::
     python -m benchmarks.simulate --trace DIR --profile h100-llama70b-tp4 \\
         --sweep-rate 0.5,1,2,4 --out results/
 
+    # what real clients send: session headers only, replies parsed as text
+    python -m benchmarks.simulate --workload spread --shared-system --client tagged,headers-only
+
 stdout holds only deterministic figures (two runs with the same arguments
 print the same bytes); the simulator's own speed and progress go to stderr.
 """
@@ -32,8 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .sim.arms import ARMS, Arm, EngineShape, build_scheduler, parse_arms
+from .sim.clients import CLIENTS, DEFAULT_TOKENIZER, TAGGED, ClientProfile, ReplyText, load_reply_text, parse_clients
 from .sim.engine import ReplayEngine, RunRecords
-from .sim.jobs import SimJob, jobs_from_traces, jobs_from_workload, poisson_arrivals
+from .sim.jobs import SimJob, jobs_from_workload, poisson_arrivals
+from .sim.trace_jobs import jobs_from_traces
 from .sim.report import ArmSummary, add_gap_closed, dumps, plot_sweep, speed_line, summarize_run, summary_table
 
 __all__ = ["SimSettings", "load_jobs", "main", "run_arm", "run_point"]
@@ -54,6 +59,8 @@ class SimSettings:
     model_dir: str
     num_blocks: int
     offload_gib: float = 256.0  # host memory per GPU for the offload arms
+    client: ClientProfile = TAGGED  # what the requests carry (sim.clients)
+    tokenizer: str = ""  # the engine's tokenizer directory when replies are text
 
 
 def _shape(settings: SimSettings, num_blocks: int | None = None) -> EngineShape:
@@ -69,6 +76,7 @@ def _shape(settings: SimSettings, num_blocks: int | None = None) -> EngineShape:
         head_size=p.model.head_dim,
         num_layers=p.model.num_layers,
         offload_bytes=int(settings.offload_gib * 2**30),
+        tokenizer=settings.tokenizer if settings.client.needs_tokenizer else "",
     )
 
 
@@ -115,6 +123,7 @@ def build_engine(arm: Arm, jobs: list[SimJob], settings: SimSettings, progress: 
         on_turn_finished=(lambda _r: progress.update(1)) if progress is not None else None,
         offload_worker=worker,
         max_jobs_in_flight=arm.job_cap,
+        client=settings.client,
     )
 
 
@@ -192,18 +201,22 @@ def _progress(total: int, desc: str, position: int = 0) -> Any:
     return tqdm(total=total, desc=desc, unit="turn", file=sys.stderr, leave=False, position=position)
 
 
-def load_jobs(args: argparse.Namespace, rate_per_min: float, profile: Any, num_blocks: int) -> list[SimJob]:
+def load_jobs(args: argparse.Namespace, rate_per_min: float, profile: Any, num_blocks: int,
+              client: ClientProfile = TAGGED, text: ReplyText | None = None) -> list[SimJob]:
     """The jobs of one point: trace sessions or a synthetic preset, arriving
-    as a Poisson process at ``rate_per_min`` jobs a minute (seeded). A trace
+    as a Poisson process at ``rate_per_min`` jobs a minute (seeded), as
+    ``client`` sends them (``text`` makes its reply text). A trace
     session ends before its first turn that the engine could not serve: over
-    the model's length limit or, as vLLM checks at start-up, the pool."""
+    the model's length limit or, as vLLM checks at start-up, the pool. The
+    arrivals and the jobs' content do not depend on ``client``."""
     if args.workload:
         from .workload import PRESETS, generate_jobs
 
         if args.workload not in PRESETS:
             raise SystemExit(f"unknown --workload {args.workload!r}; choose from {', '.join(PRESETS)}")
         spec = PRESETS[args.workload](args.sessions or 40, rate_per_min / 60.0)
-        return jobs_from_workload(generate_jobs(spec, args.seed), shared_system=args.shared_system)
+        return jobs_from_workload(generate_jobs(spec, args.seed), shared_system=args.shared_system,
+                                  client=client, text=text)
     from .sim.traces import DEFAULT_TRACE_DIR, load_trace_dir
 
     sessions, skipped = load_trace_dir(args.trace or DEFAULT_TRACE_DIR)
@@ -220,6 +233,10 @@ def load_jobs(args: argparse.Namespace, rate_per_min: float, profile: Any, num_b
         max_turns=args.max_turns,
         max_context_tokens=min(profile.max_model_len, num_blocks * profile.block_size),
         max_think_s=args.max_think_s,
+        client=client,
+        text=text,
+        shared_system=args.shared_system,
+        subagents=args.subagents,
     )
 
 
@@ -243,7 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_argument_group("workload")
     src.add_argument("--trace", help="directory of kv-cache-tester trace files (default: the shipped Claude Code subset)")
     src.add_argument("--workload", help="a synthetic preset of benchmarks.workload instead of traces")
-    src.add_argument("--shared-system", action="store_true", help="synthetic jobs share one system prompt")
+    src.add_argument("--shared-system", action="store_true",
+                     help="jobs share one system prompt (traces: the system prompt and tools, by position)")
+    src.add_argument("--subagents", action="store_true",
+                     help="replay the traces' sub-agents under their parent's session (default: left out)")
     src.add_argument("--sessions", type=int, default=None, help="use the first N sessions/jobs")
     src.add_argument("--rate", type=float, default=None,
                      help="job (session) arrivals per minute, Poisson (default 2)")
@@ -265,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--continuum-set", action="append", default=[], metavar="KEY=JSON",
                    help="a setting for every plugin arm, as --additional-config's continuum section takes it "
                         "(e.g. max_pinned_fraction=0.9); repeatable")
+    p.add_argument("--client", default="tagged",
+                   help=f"comma-separated client profiles, one table each on the same arrivals, from: "
+                        f"{', '.join(CLIENTS)} (default tagged; see benchmarks/sim/clients.py)")
+    p.add_argument("--client-tokenizer", default=DEFAULT_TOKENIZER,
+                   help="tokenizer directory for the text replies of the non-tagged profiles "
+                        f"(default {DEFAULT_TOKENIZER})")
     p.add_argument("--seed", type=int, default=7)
     sweep = p.add_argument_group("sweeps (one table per point, a JSON and a plot in --out)")
     sweep.add_argument("--sweep-rate", type=_floats, help="arrival rates (jobs/min) to sweep")
@@ -320,38 +346,61 @@ def main(argv: list[str] | None = None) -> int:
     step_model = make_step_model(args.step_model, profile, cpu_fit_path=args.cpu_fit)
     show_progress = args.progress or sys.stderr.isatty()
     base_blocks = args.num_blocks or profile.num_gpu_blocks()
+    try:
+        clients = parse_clients(args.client)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    text: ReplyText | None = None
+    tokenizer = ""
+    if any(c.needs_tokenizer for c in clients):
+        tokenizer = os.path.expanduser(args.client_tokenizer)
+        try:
+            text = load_reply_text(tokenizer)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--client-tokenizer {args.client_tokenizer!r}: {e}") from None
     rates = args.sweep_rate or [args.rate or DEFAULT_RATE_PER_MIN]
     fractions = args.sweep_blocks or [1.0]
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="continuum-sim-") as tmp:
         model_dir = write_config_dir(profile, os.path.join(tmp, "model"))
-        for rate in rates:
-            for frac in fractions:
-                blocks = max(1, int(base_blocks * frac))
-                jobs = load_jobs(args, rate, profile, blocks)
-                settings = SimSettings(profile, step_model, model_dir, blocks, args.offload_gib)
-                print(f"# profile={profile.name} step_model={step_model.name} jobs={len(jobs)} "
-                      f"turns={sum(len(j.turns) for j in jobs)} rate={rate:g}/min blocks={blocks} "
-                      f"block_size={profile.block_size} seed={args.seed} "
-                      f"workload={args.workload or os.path.basename(os.path.normpath(args.trace or 'claude_code_traces'))}")
-                summaries = run_point(arms, jobs, settings, show_progress, args.workers)
-                for s in summaries:
-                    print(s.line())
-                print(summary_table(summaries))
-                print()
-                for s in summaries:
-                    points.append({"rate_per_min": rate, "pool_fraction": frac, "num_blocks": blocks, **s.to_json()})
+        for client in clients:
+            for rate in rates:
+                for frac in fractions:
+                    blocks = max(1, int(base_blocks * frac))
+                    jobs = load_jobs(args, rate, profile, blocks, client, text)
+                    settings = SimSettings(profile, step_model, model_dir, blocks, args.offload_gib, client,
+                                           tokenizer)
+                    # (The tagged default keeps the header it always had.)
+                    note = "" if args.client == "tagged" else f" client={client.name}"
+                    print(f"# profile={profile.name} step_model={step_model.name} jobs={len(jobs)} "
+                          f"turns={sum(len(j.turns) for j in jobs)} rate={rate:g}/min blocks={blocks} "
+                          f"block_size={profile.block_size} seed={args.seed} "
+                          f"workload={args.workload or os.path.basename(os.path.normpath(args.trace or 'claude_code_traces'))}"
+                          f"{note}")
+                    summaries = run_point(arms, jobs, settings, show_progress, args.workers)
+                    for s in summaries:
+                        print(s.line())
+                    print(summary_table(summaries))
+                    print()
+                    for s in summaries:
+                        points.append({"rate_per_min": rate, "pool_fraction": frac, "num_blocks": blocks,
+                                       "client": client.name, **s.to_json()})
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w") as f:
             f.write(dumps({"profile": profile.name, "step_model": step_model.name, "seed": args.seed,
                            "argv": sys.argv[1:] if argv is None else argv, "points": points}))
         title = f"{profile.name}, {step_model.name} step model, seed {args.seed}"
-        if len(rates) > 1:
-            plot_sweep(points, "rate_per_min", "arrivals (jobs/min)", os.path.join(args.out, "sweep_rate.png"), title)
-        if len(fractions) > 1:
-            plot_sweep(points, "pool_fraction", "KV pool (fraction of profile)",
-                       os.path.join(args.out, "sweep_pool.png"), title)
+        for client in clients:
+            # One plot per client profile: a sweep's lines are arms.
+            mine = [p for p in points if p["client"] == client.name]
+            suffix = "" if len(clients) == 1 else f"_{client.name}"
+            if len(rates) > 1:
+                plot_sweep(mine, "rate_per_min", "arrivals (jobs/min)",
+                           os.path.join(args.out, f"sweep_rate{suffix}.png"), title)
+            if len(fractions) > 1:
+                plot_sweep(mine, "pool_fraction", "KV pool (fraction of profile)",
+                           os.path.join(args.out, f"sweep_pool{suffix}.png"), title)
     return 0
 
 

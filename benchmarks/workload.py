@@ -68,6 +68,7 @@ from .workload_presets import (
     field_report_workload,
     fixed_workload,
     heavy_tail_workload,
+    spread_workload,
 )
 from .workload_spec import ToolSpec, WorkloadSpec, generate_jobs
 from .workload_tool_times import Distribution, Fixed, LogNormal, Mixture, Uniform
@@ -92,6 +93,7 @@ __all__ = [
     "fixed_workload",
     "generate_jobs",
     "heavy_tail_workload",
+    "spread_workload",
     "read_trace",
     "write_trace",
 ]

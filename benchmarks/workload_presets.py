@@ -16,6 +16,7 @@ __all__ = [
     "field_report_workload",
     "fixed_workload",
     "heavy_tail_workload",
+    "spread_workload",
 ]
 
 
@@ -248,6 +249,13 @@ _CODING_AGENT_MIX: tuple[tuple[str, str, float, float, float, tuple[int, int]], 
 )
 
 
+def _coding_agent_tools() -> tuple[ToolSpec, ...]:
+    return tuple(
+        ToolSpec(key, command, weight, LogNormal(median, sigma), outputs)
+        for key, command, weight, median, sigma, outputs in _CODING_AGENT_MIX
+    )
+
+
 def coding_agent_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: float = 1.0) -> WorkloadSpec:
     """A Claude-Code-like coding agent at GPU scale (H100 simulations).
 
@@ -262,10 +270,7 @@ def coding_agent_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: f
       a few hundred tokens (weighted mean ~550), so each turn adds ~700
       tokens and a job ends near 28k.
     """
-    tools = tuple(
-        ToolSpec(key, command, weight, LogNormal(median, sigma), outputs)
-        for key, command, weight, median, sigma, outputs in _CODING_AGENT_MIX
-    )
+    tools = _coding_agent_tools()
     return WorkloadSpec(
         name="coding-agent",
         num_jobs=num_jobs,
@@ -279,6 +284,47 @@ def coding_agent_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: f
     )
 
 
+# spread: the task (first context past the system prompt) and the turn count
+# per session, log-normal and clipped. Sigma 0.5 on the task gives a 5-95%
+# range of ~6k-32k; the turn count's median 12 and sigma 0.6 a 5-95% range
+# of ~4.5-32, clipped to 3-40.
+_SPREAD_TASK = LogNormal(median=14_000, sigma=0.5)
+_SPREAD_TASK_BOUNDS = (1_000, 100_000)
+_SPREAD_TURNS = LogNormal(median=12.0, sigma=0.6)
+_SPREAD_TURN_BOUNDS = (3, 40)
+
+
+def spread_workload(num_jobs: int, jobs_per_s: float, tool_output_scale: float = 1.0) -> WorkloadSpec:
+    """``coding-agent`` with session sizes and lengths spread as in the field.
+
+    ``coding-agent`` draws every session alike (a 7-9k task, 16-24 turns);
+    recorded agent sessions are skewed -- a few long sessions with big first
+    contexts hold most of the KV. Here:
+
+    * the same 6,000-token system prompt (shared with ``--shared-system``);
+    * a task (the first context past the system prompt) log-normal around
+      14,000 tokens, sigma 0.5 (5-95%: ~6k-32k; clipped to 1k-100k), so the
+      first prompt's median is ~20k, as in the Claude Code traces;
+    * 3-40 turns, log-normal with median 12 and sigma 0.6 (mean ~14);
+    * ``coding-agent``'s replies (100-200 tokens) and tool mix: outputs of a
+      few hundred tokens (~700 tokens a turn with the reply), tools
+      log-normal with medians from 0.2 s (ls) to 20 s (pip install).
+    """
+    return WorkloadSpec(
+        name="spread",
+        num_jobs=num_jobs,
+        jobs_per_s=jobs_per_s,
+        turns=_SPREAD_TURN_BOUNDS,
+        system_tokens=6000,
+        task_tokens=_SPREAD_TASK_BOUNDS,
+        output_tokens=(100, 200),
+        tools=_coding_agent_tools(),
+        tool_output_scale=tool_output_scale,
+        turns_distribution=_SPREAD_TURNS,
+        task_distribution=_SPREAD_TASK,
+    )
+
+
 # name -> factory(num_jobs, jobs_per_s, tool_output_scale=1.0) -> WorkloadSpec
 PRESETS: dict[str, Callable[..., WorkloadSpec]] = {
     "cpu-small": cpu_small_workload,
@@ -287,4 +333,5 @@ PRESETS: dict[str, Callable[..., WorkloadSpec]] = {
     "fixed": fixed_workload,
     "heavy-tail": heavy_tail_workload,
     "cpu-heavy-tail": cpu_heavy_tail_workload,
+    "spread": spread_workload,
 }

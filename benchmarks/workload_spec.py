@@ -60,7 +60,10 @@ class WorkloadSpec:
     """Everything ``generate_jobs`` needs besides the seed.
 
     Ranges are ``(min, max)`` integer pairs drawn uniformly, both ends
-    included. Invariants: ``num_jobs >= 1``; ``jobs_per_s > 0``;
+    included -- or, for ``turns`` and ``task_tokens``, drawn from
+    ``turns_distribution`` / ``task_distribution`` when given, rounded and
+    clipped to the range (sessions whose sizes are spread, not uniform).
+    Invariants: ``num_jobs >= 1``; ``jobs_per_s > 0``;
     ``1 <= turns[0]``; ``output_tokens[0] >= 1``; ``tools`` non-empty
     unless every job has a single turn; ``tool_output_scale > 0``.
     """
@@ -74,6 +77,8 @@ class WorkloadSpec:
     output_tokens: tuple[int, int]
     tools: tuple[ToolSpec, ...]
     tool_output_scale: float = 1.0  # multiplies every tool's output tokens
+    turns_distribution: Distribution | None = None  # None: uniform over ``turns``
+    task_distribution: Distribution | None = None  # None: uniform over ``task_tokens``
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -92,6 +97,10 @@ class WorkloadSpec:
             raise ValueError(f"WorkloadSpec.tools is empty but jobs may have up to {self.turns[1]} turns")
         object.__setattr__(self, "tools", tools)
         _check_positive("WorkloadSpec.tool_output_scale", self.tool_output_scale)
+        for name in ("turns_distribution", "task_distribution"):
+            dist = getattr(self, name)
+            if dist is not None and not isinstance(dist, Distribution):
+                raise ValueError(f"WorkloadSpec.{name} must be a Distribution or None, got {dist!r}")
 
 
 class _ToolPicker:
@@ -118,6 +127,14 @@ def _poisson_arrivals(num_jobs: int, jobs_per_s: float, seed: int) -> list[float
     return (np.cumsum(gaps) / jobs_per_s).tolist()
 
 
+def _draw_spread(rng: np.random.Generator, bounds: tuple[int, int], dist: Distribution | None) -> int:
+    """An integer in ``bounds``: uniform without ``dist``, else ``dist``'s
+    sample rounded half up and clipped to ``bounds`` (one draw either way)."""
+    if dist is None:
+        return _draw_int(rng, bounds)
+    return min(bounds[1], max(bounds[0], int(math.floor(dist.sample(rng) + 0.5))))
+
+
 def _scaled(tokens: int, scale: float) -> int:
     """``tokens * scale`` rounded half up (deterministic, unlike ``round``)."""
     return int(math.floor(tokens * scale + 0.5))
@@ -131,8 +148,8 @@ def _sample_job(spec: WorkloadSpec, picker: _ToolPicker | None, seed: int, index
     tool output tokens.
     """
     rng = np.random.default_rng([seed, _JOB_STREAM, index])
-    num_turns = _draw_int(rng, spec.turns)
-    new_tokens = _draw_int(rng, spec.task_tokens)
+    num_turns = _draw_spread(rng, spec.turns, spec.turns_distribution)
+    new_tokens = _draw_spread(rng, spec.task_tokens, spec.task_distribution)
     turns: list[Turn] = []
     for k in range(num_turns):
         output_tokens = _draw_int(rng, spec.output_tokens)

@@ -24,7 +24,8 @@ from benchmarks import simulate
 from benchmarks.sim.arms import ARMS, parse_arms
 from benchmarks.sim.batch import BatchShape, PrefillChunk
 from benchmarks.sim.engine import JobHasher
-from benchmarks.sim.jobs import Segment, SimJob, SimTurn, TokenBook, jobs_from_traces, stable_key
+from benchmarks.sim.jobs import Segment, SimJob, SimTurn, TokenBook, stable_key
+from benchmarks.sim.trace_jobs import jobs_from_traces
 from benchmarks.sim.profiles import PROFILES, write_config_dir
 from benchmarks.sim.step_model import RooflineStepModel
 from benchmarks.sim.traces import DEFAULT_TRACE_DIR, load_trace_dir

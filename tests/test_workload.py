@@ -18,6 +18,7 @@ from vllm_continuum_plugin.benchmarks.workload import (
     ToolSpec,
     Turn,
     Uniform,
+    WorkloadSpec,
     describe,
     generate_jobs,
     read_trace,
@@ -398,3 +399,34 @@ def test_coding_agent_preset_is_the_documented_gpu_scale_agent():
     medians = {k: np.median([t.tool_seconds for t in turns if t.tool == k]) for k in {t.tool for t in turns}}
     assert min(medians.values()) == pytest.approx(0.2, rel=0.3)
     assert max(medians, key=medians.get) == "pip install" and medians["pip install"] == pytest.approx(20, rel=0.3)
+
+
+def test_spread_preset_spreads_sizes_and_lengths_lognormally():
+    spec = PRESETS["spread"](600, 1.0)
+    jobs = generate_jobs(spec, 0)
+    # A shared 6k system prompt plus a task log-normal around 14k (sigma 0.5).
+    assert all(j.system_tokens == 6000 for j in jobs)
+    tasks = np.array([j.turns[0].new_tokens for j in jobs])
+    assert np.median(tasks) == pytest.approx(14_000, rel=0.08)
+    assert np.std(np.log(tasks)) == pytest.approx(0.5, abs=0.05)
+    # 3-40 turns, spread (not coding-agent's 16-24).
+    turns = np.array([j.num_turns for j in jobs])
+    assert turns.min() >= 3 and turns.max() <= 40
+    assert np.median(turns) == pytest.approx(12, abs=1.5)
+    assert np.percentile(turns, 95) > 2.5 * np.percentile(turns, 5)
+    # ~700 tokens a turn, tools between ~0.2 s and ~20 s at their medians.
+    growth = [(j.prompt_tokens(j.num_turns - 1) - j.prompt_tokens(0)) / (j.num_turns - 1) for j in jobs]
+    assert np.mean(growth) == pytest.approx(700, rel=0.1)
+    tools = [t for j in jobs for t in j.turns[:-1]]
+    medians = {k: np.median([t.tool_seconds for t in tools if t.tool == k]) for k in {t.tool for t in tools}}
+    assert min(medians.values()) == pytest.approx(0.2, rel=0.3)
+    assert max(medians.values()) == pytest.approx(20, rel=0.3)
+
+
+def test_spread_draws_are_clipped_to_the_ranges():
+    spec = WorkloadSpec("clip", 5, 1.0, (3, 4), 10, (50, 60), (5, 5), PRESETS["cpu-small"](1, 1.0).tools,
+                        turns_distribution=Fixed(100.0), task_distribution=Fixed(1.0))
+    jobs = generate_jobs(spec, 1)
+    assert {j.num_turns for j in jobs} == {4} and {j.turns[0].new_tokens for j in jobs} == {50}
+    with pytest.raises(ValueError, match="turns_distribution"):
+        WorkloadSpec("bad", 1, 1.0, (1, 1), 0, (1, 1), (1, 1), (), turns_distribution=3.0)

@@ -32,7 +32,10 @@ An :class:`Arm` names a scheduling policy and how the KV pool is sized:
 The scheduler is built the way vLLM's ``EngineCore`` builds it --
 ``VllmConfig`` → ``get_scheduler_cls()`` → ``cls(vllm_config, kv_cache_config,
 ...)`` -- over a config-only model directory (``skip_tokenizer_init``), so
-contexts of 100k+ tokens need no weights and no tokenizer.
+contexts of 100k+ tokens need no weights and no tokenizer -- unless the
+client profile's replies are text (``clients``): then ``EngineShape.tokenizer``
+names a tokenizer directory, and the plugin's reply reader decodes replies
+with it as a served engine's would.
 """
 
 from __future__ import annotations
@@ -125,6 +128,9 @@ class EngineShape:
     head_size: int = 128
     num_layers: int = 32
     offload_bytes: int = 256 * 2**30  # host memory per GPU for the offload arms
+    # A tokenizer directory the engine loads (replies are text the plugin
+    # reads); "" -- none (``skip_tokenizer_init``: replies are never read).
+    tokenizer: str = ""
 
 
 _registered = False
@@ -154,7 +160,7 @@ def build_scheduler(
     )
     model_config = ModelConfig(
         model=shape.model_dir, dtype="bfloat16", seed=0, max_model_len=shape.max_model_len,
-        skip_tokenizer_init=True,
+        tokenizer=shape.tokenizer or None, skip_tokenizer_init=not shape.tokenizer,
     )
     cache_config = CacheConfig(block_size=shape.block_size, cache_dtype="auto", enable_prefix_caching=True)
     cache_config.num_gpu_blocks = blocks

@@ -3,8 +3,9 @@
 Each step:
 
 1. every turn whose arrival time has come is added (``add_request``) with
-   its job metadata (``job_id``, ``is_last_step``, ``tool_name``) and an
-   ``arrival_time`` read from the virtual clock;
+   what the client profile sends (``clients``: the job metadata --
+   ``job_id``, ``is_last_step``, ``tool_name`` -- or a session id alone) and
+   an ``arrival_time`` read from the virtual clock;
 2. ``schedule()`` runs on the real scheduler (vLLM's stock one, or the
    plugin's ``continuum`` / ``context_serve``);
 3. the batch it built is read off the ``SchedulerOutput`` -- for each
@@ -13,7 +14,9 @@ Each step:
    that many seconds;
 4. a ``ModelRunnerOutput`` with scripted tokens (the reply the job's next
    turn re-sends) goes to ``update_from_output()``;
-5. each finished turn queues its job's next turn at ``now + think_s``.
+5. each finished turn queues its job's next turn at ``now + think_s`` and
+   launches the sub-agents it starts; a blocking sub-agent holds its
+   parent's next turn until it has finished (then ``resume_s`` later).
 
 When nothing runs, the clock jumps to the next arrival (or pin deadline).
 
@@ -45,6 +48,7 @@ from vllm.v1.request import Request
 from vllm_continuum_plugin.clock import ManualClock
 
 from .batch import BatchShape, PrefillChunk
+from .clients import TAGGED, ClientProfile, request_metadata
 from .jobs import Segment, SimJob, TokenBook
 from .offload import OffloadCopies
 
@@ -208,7 +212,12 @@ class ReplayEngine:
     """Replays ``jobs`` through ``scheduler`` on ``clock`` priced by ``step_model``.
 
     ``send_metadata``: whether requests carry the job metadata (the plugin's
-    schedulers read it; vLLM's stock one ignores it either way).
+    schedulers read it; vLLM's stock one ignores it either way); ``client``:
+    what they carry (``clients.request_metadata``).
+
+    Only top-level jobs have a JCT (``RunRecords.job_arrival_s``); a
+    sub-agent's turns are recorded like any other and count in its
+    session's time through the parent's turns it holds.
     """
 
     def __init__(
@@ -223,6 +232,7 @@ class ReplayEngine:
         on_turn_finished: Callable[[TurnRecord], None] | None = None,
         offload_worker: "OffloadWorker | None" = None,
         max_jobs_in_flight: int = 0,
+        client: ClientProfile = TAGGED,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
@@ -230,6 +240,7 @@ class ReplayEngine:
         self.jobs = list(jobs)
         self.block_size = block_size
         self.send_metadata = send_metadata
+        self.client = client
         self.on_turn_finished = on_turn_finished
         self.offload_worker = offload_worker
         # Plain admission in front of the engine (a client- or router-side
@@ -246,6 +257,16 @@ class ReplayEngine:
         self._seq = 0
         self._live: dict[str, _Live] = {}
         self._prompts: dict[int, tuple[tuple[Segment, ...], list[int]]] = {}  # job -> its last prompt's ids
+        self._index = {job.job_id: i for i, job in enumerate(self.jobs)}
+        # (parent job, turn) -> the sub-agent jobs that turn launches.
+        self._children: dict[tuple[int, int], list[int]] = {}
+        for i, job in enumerate(self.jobs):
+            if job.parent:
+                if job.parent not in self._index:
+                    raise ValueError(f"sub-agent {job.job_id!r} names parent {job.parent!r}, which is not a job")
+                self._children.setdefault((self._index[job.parent], job.launch_after), []).append(i)
+        # parent job -> [blocking sub-agents still running, earliest time its next turn may come]
+        self._held: dict[int, list[float]] = {}
         self.records = RunRecords()
 
     # -- time ---------------------------------------------------------------
@@ -268,10 +289,9 @@ class ReplayEngine:
         turn = job.turns[turn_index]
         last = turn_index == len(job.turns) - 1
         extra: dict[str, Any] | None = None
+        session: str | None = None
         if self.send_metadata:
-            extra = {"job_id": job.job_id, "is_last_step": last}
-            if turn.tool_name and not last:
-                extra["tool_name"] = turn.tool_name
+            extra, session = request_metadata(self.client, job.job_id, last, turn.tool_name, job.session)
         params = SamplingParams(max_tokens=turn.output_tokens, ignore_eos=True, extra_args=extra)
         request_id = f"{job.job_id}#{turn_index}"
         prompt = self.book.prompt(turn.prompt, self._prompts.get(job_index))
@@ -283,6 +303,7 @@ class ReplayEngine:
             pooling_params=None,
             arrival_time=self.clock.time(),
             block_hasher=self.hasher.for_job(job.job_id),
+            session_id=session,
         )
         # A prefix hit is whole blocks, and vLLM recomputes at least the
         # prompt's last token: what any pool could serve is rounded so.
@@ -376,28 +397,55 @@ class ReplayEngine:
         live.record.finish_s = now
         self.records.turns.append(live.record)
         job = self.jobs[live.job]
+        kids = self._children.get((live.job, live.turn), [])
+        for kid in kids:
+            self._queue(now + self.jobs[kid].arrival_s, kid, 0)
+        held = sum(1 for kid in kids if self.jobs[kid].blocking)
         if live.turn + 1 < len(job.turns):
-            self._queue(now + job.turns[live.turn + 1].think_s, live.job, live.turn + 1)
+            if held:
+                self._held[live.job] = [held, now]
+            else:
+                self._queue(now + job.turns[live.turn + 1].think_s, live.job, live.turn + 1)
         else:
-            self.records.job_finish_s[job.job_id] = now
+            if not job.parent:
+                self.records.job_finish_s[job.job_id] = now
             self.hasher.forget(job.job_id)
             self._prompts.pop(live.job, None)
-            if self.max_jobs_in_flight:
+            if self.max_jobs_in_flight and not job.parent:
                 self._jobs_in_flight -= 1
+            if job.blocking:
+                self._release_parent(job, now)
         if self.on_turn_finished is not None:
             self.on_turn_finished(live.record)
+
+    def _release_parent(self, child: SimJob, now: float) -> None:
+        """A blocking sub-agent finished: its parent's next turn (the one
+        after the turn that launched it) comes ``resume_s`` after the last of
+        its blocking sub-agents finishes."""
+        parent = self._index[child.parent]
+        held = self._held.get(parent)
+        if held is None:  # the launching turn was the parent's last: nothing to hold
+            return
+        held[0] -= 1
+        held[1] = max(held[1], now + child.resume_s)
+        if held[0] == 0:
+            del self._held[parent]
+            self._queue(held[1], parent, child.launch_after + 1)
 
     # -- the loop -----------------------------------------------------------
     def run(self) -> RunRecords:
         wall0 = time.perf_counter()
         for i, job in enumerate(self.jobs):
+            if job.parent:
+                continue  # launched by its parent's turn
             self.records.job_arrival_s[job.job_id] = job.arrival_s
             self._queue(job.arrival_s, i, 0)
         sched = self.scheduler
         while self._events or self._live or self._capped:
+            # (A parent held by its sub-agents has one of them live or queued.)
             while self._events and self._events[0][0] <= self.now() + _EPS:
                 _, _, job, turn = heapq.heappop(self._events)
-                if turn == 0 and self.max_jobs_in_flight:
+                if turn == 0 and self.max_jobs_in_flight and not self.jobs[job].parent:
                     self._capped.append(job)
                 else:
                     self._submit(job, turn)

@@ -1,21 +1,24 @@
 """The simulator's jobs: what each turn sends, how long its tool runs, and
 the token ids its prompt is made of.
 
-A :class:`SimJob` is one agent session. Turn ``k`` is sent ``think_s``
+A :class:`SimJob` is one agent conversation. Turn ``k`` is sent ``think_s``
 seconds after turn ``k-1`` finished (turn 0 at the job's ``arrival_s``); its
 prompt is a sequence of :class:`Segment` s -- content identified by a key and
-a length -- so that two prompts share a prefix exactly where they share
-segments. Token ids are made from the keys by :class:`TokenBook`, once per
-segment, deterministically (a SHAKE-128 stream per key), so the same job
-list always gives the same token ids in every process.
+a length, or explicit token ids (reply text) -- so that two prompts share a
+prefix exactly where they share segments. Token ids are made from the keys by
+:class:`TokenBook`, once per segment, deterministically (a SHAKE-128 stream
+per key), so the same job list always gives the same token ids in every
+process. A sub-agent is a job of its own that its parent's turn launches
+(``SimJob.parent``).
 
 Two sources:
 
-* :func:`jobs_from_traces` -- kv-cache-tester sessions (``traces``): a
-  session's main-conversation requests become turns; each 64-token hash id
-  is one segment (keys scoped to the session, as the trace's ``"local"``
+* ``trace_jobs.jobs_from_traces`` -- kv-cache-tester sessions (``traces``):
+  a session's main-conversation requests become turns; each 64-token hash
+  id is one segment (keys scoped to the session, as the trace's ``"local"``
   hash-id scope says), the prompt's remainder past its last full block is a
-  segment of its own;
+  segment of its own; optionally sub-agents and a system prompt shared by
+  every session;
 * :func:`jobs_from_workload` -- the synthetic presets of
   ``benchmarks.workload`` (system prompt, task, tool outputs and replies),
   optionally with a system prompt shared by every job.
@@ -23,32 +26,34 @@ Two sources:
 A turn's reply is what the next turn re-sends: the engine scripts the model
 to emit the tokens the next prompt holds right after this prompt
 (:meth:`SimJob.reply_tokens`), so the retained output blocks are hit too, as
-with a real agent.
+with a real agent -- unless a client profile (``clients``) gives the turn
+its own reply (``SimTurn.reply``: text with a tool call, reasoning the next
+prompt drops, a reply AIPerf never re-sends).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 
 from ..workload import Job
 from ..workload_spec import _poisson_arrivals
+from .clients import AIPERF_BLOCK_TOKENS, TAGGED, ClientProfile, ReplyText, reply_segments
 
 __all__ = [
     "Segment",
     "SimJob",
     "SimTurn",
     "TokenBook",
-    "jobs_from_traces",
     "jobs_from_workload",
     "poisson_arrivals",
     "stable_key",
+    "truncate",
 ]
 
 # Token ids are drawn from [_TOKEN_LOW, _TOKEN_HIGH): clear of the special
@@ -66,14 +71,49 @@ def stable_key(*parts: object) -> int:
 
 @dataclass(frozen=True)
 class Segment:
-    """``length`` tokens of content ``key``. Invariant: ``length >= 1``."""
+    """``length`` tokens of content ``key``.
+
+    Content is key ``key``'s token stream, or with ``tokens`` those exact
+    ids (text a tokenizer made: a reply's tool call the plugin decodes).
+
+    Invariants: ``length >= 1``; ``tokens`` is None or holds ``length`` ids;
+    two segments with one key have one content (a shorter one is a prefix of
+    the longer), so keys of explicit segments are never stream keys.
+    """
 
     key: int
     length: int
+    tokens: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.length < 1:
             raise ValueError(f"Segment length must be >= 1, got {self.length!r}")
+        if self.tokens is not None and len(self.tokens) != self.length:
+            raise ValueError(f"Segment {self.key}: {len(self.tokens)} explicit tokens for length {self.length}")
+
+    @classmethod
+    def text(cls, key: int, tokens: Sequence[int]) -> Segment:
+        """A segment of exactly ``tokens`` (non-empty)."""
+        return cls(key, len(tokens), tuple(tokens))
+
+    def head(self, n: int) -> Segment:
+        """The first ``n`` tokens (``1 <= n <= length``): the same key, so
+        the two share their content up to ``n``."""
+        if not 1 <= n <= self.length:
+            raise ValueError(f"Segment.head({n!r}) of a segment of {self.length} tokens")
+        return Segment(self.key, n, None if self.tokens is None else self.tokens[:n])
+
+
+def truncate(segments: Sequence[Segment], n: int) -> list[Segment]:
+    """The first ``n`` tokens of the prompt ``segments`` (all of it when
+    shorter), as segments sharing content with it."""
+    out: list[Segment] = []
+    for seg in segments:
+        if n <= 0:
+            break
+        out.append(seg if seg.length <= n else seg.head(n))
+        n -= seg.length
+    return out
 
 
 @dataclass(frozen=True)
@@ -89,6 +129,10 @@ class SimTurn:
     output_tokens: int
     think_s: float
     tool_name: str = ""  # the tool the reply runs ("" when the reply runs none)
+    # The reply's content, when a client profile decides it (text with a
+    # tool call, reasoning the next prompt drops); () -- the reply is what
+    # the next prompt re-sends (``SimJob.reply_tokens``).
+    reply: tuple[Segment, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.prompt:
@@ -97,6 +141,9 @@ class SimTurn:
             raise ValueError(f"SimTurn.output_tokens must be >= 1, got {self.output_tokens!r}")
         if not (math.isfinite(self.think_s) and self.think_s >= 0):
             raise ValueError(f"SimTurn.think_s must be finite and >= 0, got {self.think_s!r}")
+        if self.reply and sum(s.length for s in self.reply) != self.output_tokens:
+            raise ValueError(f"SimTurn.reply holds {sum(s.length for s in self.reply)} tokens, "
+                             f"output_tokens is {self.output_tokens}")
 
     @cached_property
     def prompt_tokens(self) -> int:
@@ -105,17 +152,44 @@ class SimTurn:
 
 @dataclass(frozen=True)
 class SimJob:
-    """One agent session. Invariants: ``turns`` non-empty; ``arrival_s >= 0``."""
+    """One agent conversation: a session's main conversation, or a sub-agent.
+
+    A top-level job (``parent == ""``) arrives at ``arrival_s``. A sub-agent
+    is launched by its parent's turn ``launch_after`` and arrives
+    ``arrival_s`` seconds after that turn finishes; while a ``blocking``
+    sub-agent runs, the parent's next turn waits for it, and comes
+    ``resume_s`` after the last such sub-agent finishes (a synchronous
+    ``Task`` call). ``session_id``: the session its requests name under a
+    session-header client ("" means ``job_id``; a sub-agent carries its
+    parent's).
+
+    Invariants: ``turns`` non-empty; ``arrival_s`` and ``resume_s`` finite
+    and >= 0; a top-level job is not ``blocking``.
+    """
 
     job_id: str
     arrival_s: float
     turns: tuple[SimTurn, ...]
+    parent: str = ""
+    launch_after: int = 0
+    blocking: bool = False
+    resume_s: float = 0.0
+    session_id: str = ""
 
     def __post_init__(self) -> None:
         if not self.turns:
             raise ValueError(f"SimJob {self.job_id!r} needs at least one turn")
-        if not (math.isfinite(self.arrival_s) and self.arrival_s >= 0):
-            raise ValueError(f"SimJob {self.job_id!r} arrival_s must be finite and >= 0, got {self.arrival_s!r}")
+        for name in ("arrival_s", "resume_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"SimJob {self.job_id!r} {name} must be finite and >= 0, got {value!r}")
+        if self.blocking and not self.parent:
+            raise ValueError(f"SimJob {self.job_id!r} is blocking but has no parent")
+
+    @property
+    def session(self) -> str:
+        """The session id its requests carry under a session-header client."""
+        return self.session_id or self.job_id
 
     def reusable_tokens(self, index: int) -> int:
         """Tokens of turn ``index``'s prompt that a pool which never evicts
@@ -125,6 +199,11 @@ class SimJob:
             return 0
         prev = self.turns[index - 1]
         prev_len = prev.prompt_tokens
+        if prev.reply:
+            # The reply is known: what the new prompt re-sends of it is
+            # reusable, up to its last token (sampled, never run: no KV).
+            common = _common_segment_prefix(prev.prompt + prev.reply, self.turns[index].prompt)
+            return common if common <= prev_len else min(common, prev_len + prev.output_tokens - 1)
         common = _common_segment_prefix(prev.prompt, self.turns[index].prompt)
         if common < prev_len:
             return common
@@ -138,6 +217,8 @@ class SimJob:
         prompt holds right after this prompt when it extends it, else (and
         past the next prompt's end) content unique to this reply."""
         turn = self.turns[index]
+        if turn.reply:
+            return book.prompt(turn.reply)
         n = turn.output_tokens
         reply: list[int] = []
         if index + 1 < len(self.turns):
@@ -194,6 +275,8 @@ class TokenBook:
         self._cache: dict[int, list[int]] = {}
 
     def tokens(self, segment: Segment) -> list[int]:
+        if segment.tokens is not None:
+            return list(segment.tokens)
         have = self._cache.get(segment.key)
         if have is None or len(have) < segment.length:
             have = _token_stream(segment.key, segment.length)
@@ -217,7 +300,10 @@ class TokenBook:
         for seg in segments[skip:]:
             have = cache.get(seg.key)
             # A whole cached stream is appended without the copy tokens() makes.
-            out += have if have is not None and len(have) == seg.length else self.tokens(seg)
+            if seg.tokens is not None:
+                out += seg.tokens
+            else:
+                out += have if have is not None and len(have) == seg.length else self.tokens(seg)
         return out
 
     def tokens_between(self, segments: Sequence[Segment], start: int, end: int) -> list[int]:
@@ -252,14 +338,26 @@ def poisson_arrivals(n: int, per_s: float, seed: int) -> list[float]:
 # ----------------------------------------------------------------------
 # Sources
 # ----------------------------------------------------------------------
-def jobs_from_workload(jobs: Sequence[Job], shared_system: bool = False) -> list[SimJob]:
+def jobs_from_workload(
+    jobs: Sequence[Job], shared_system: bool = False, client: ClientProfile = TAGGED, text: ReplyText | None = None,
+) -> list[SimJob]:
     """The synthetic presets' jobs (``benchmarks.workload.Job``) as SimJobs.
 
     Turn ``k``'s prompt: the system prompt, then for each earlier turn its
     new tokens and its reply, then this turn's new tokens. With
     ``shared_system`` every job's system prompt is one content (the common
     tool schemas of one agent harness), so jobs share a prefix.
+
+    ``client`` (``clients``) decides how a turn re-sends the last: with text
+    replies (``text`` required) a turn that runs a tool replies with prose
+    and a ``bash`` call of its command, the last turn with prose; the
+    ``reasoning`` history re-sends a reply's answer, not its reasoning; the
+    ``aiperf`` history re-sends the previous prompt's full hash blocks and
+    fills the rest of this turn's length (as ``exact`` would have it) with
+    fresh content. New tokens and tool times do not depend on ``client``.
     """
+    if client.needs_tokenizer and text is None:
+        raise ValueError(f"client {client.name!r} has text replies: jobs_from_workload needs a ReplyText")
     out: list[SimJob] = []
     for job in jobs:
         system_key = stable_key("system") if shared_system else stable_key(job.job_id, "system")
@@ -267,95 +365,43 @@ def jobs_from_workload(jobs: Sequence[Job], shared_system: bool = False) -> list
         turns: list[SimTurn] = []
         prev_tool_s = 0.0
         for turn in job.turns:
-            prompt = list(history)
+            canonical = list(history)
             if turn.new_tokens:
-                prompt.append(Segment(stable_key(job.job_id, turn.index, "new"), turn.new_tokens))
-            turns.append(SimTurn(tuple(prompt), turn.output_tokens, prev_tool_s if turn.index else 0.0, turn.tool))
-            history = prompt + [Segment(stable_key(job.job_id, turn.index, "reply"), turn.output_tokens)]
+                canonical.append(Segment(stable_key(job.job_id, turn.index, "new"), turn.new_tokens))
+            prompt = canonical
+            if client.history == "aiperf" and turns:
+                prompt = _aiperf_prompt(turns[-1].prompt, sum(s.length for s in canonical),
+                                        stable_key(job.job_id, turn.index, "aiperf"))
+            think = prev_tool_s if turn.index else 0.0
+            reply_key = stable_key(job.job_id, turn.index, "reply")
+            if client.replies == "scripted":
+                turns.append(SimTurn(tuple(prompt), turn.output_tokens, think, turn.tool))
+                kept: Sequence[Segment] = [Segment(reply_key, turn.output_tokens)]
+            else:
+                call = ("bash", {"command": turn.tool_command}) if turn.tool_command else None
+                reply, kept = reply_segments(_text_segments(job.job_id, turn.index), client, text, reply_key,
+                                             turn.output_tokens, call)
+                turns.append(SimTurn(tuple(prompt), sum(s.length for s in reply), think, turn.tool, reply))
+            history = canonical + list(kept)
             prev_tool_s = turn.tool_seconds
         out.append(SimJob(job.job_id, job.arrival_s, tuple(turns)))
     return out
 
 
-def jobs_from_traces(
-    sessions: Sequence["TraceSession"],  # noqa: F821 -- benchmarks.sim.traces
-    arrivals: Sequence[float],
-    *,
-    unit_tokens: int | None = None,
-    max_turns: int | None = None,
-    max_context_tokens: int | None = None,
-    max_think_s: float = 120.0,
-    max_output_tokens: int | None = None,
-) -> list[SimJob]:
-    """kv-cache-tester sessions as jobs, session ``i`` arriving at ``arrivals[i]``.
+def _text_segments(job_id: str, index: int) -> Callable[[str, Sequence[int]], Segment]:
+    """Explicit segments of turn ``index``'s reply text, one key per part
+    (never a stream key: the tag tuple is unlike any stream's)."""
+    return lambda tag, ids: Segment.text(stable_key(job_id, index, "text", tag), ids)
 
-    * Each main-conversation request is a turn; sub-agent requests are left
-      out (their contexts are separate and short).
-    * ``unit_tokens``: tokens per trace hash block (default: the trace's own
-      ``block_size``, 64); a smaller unit scales every prompt down by the same
-      factor while keeping its prefix structure (for a CPU replay).
-    * A turn's tool is ``"user"`` after an ``end_turn`` (a person's reply)
-      and ``"tool_use"`` otherwise (a tool stop, or a streamed request whose
-      stop the trace did not record); its gap is
-      the trace's ``think_time``, capped at ``max_think_s`` (idle users come
-      back after hours; such a gap frees any pin under every policy).
-    * A session ends at its first turn whose prompt plus reply would exceed
-      ``max_context_tokens`` (the model's length limit), or after ``max_turns``.
-    """
-    if len(arrivals) < len(sessions):
-        raise ValueError(f"{len(sessions)} sessions need as many arrivals, got {len(arrivals)}")
-    out: list[SimJob] = []
-    for session, arrival in zip(sessions, arrivals):
-        unit = unit_tokens or session.block_size
-        scale = unit / session.block_size
-        requests = session.main_requests()
-        # One Segment per hash id, shared by every turn that re-sends it: a
-        # session re-sends its history each turn (~1M block references in the
-        # shipped subset, ~60k distinct).
-        blocks: dict[int, Segment] = {}
-        turns: list[SimTurn] = []
-        prev_stop = ""
-        for i, req in enumerate(requests):
-            if max_turns is not None and len(turns) >= max_turns:
-                break
-            full = len(req.hash_ids)
-            rest = max(0, round((req.input_tokens - full * session.block_size) * scale))
-            prompt = []
-            for h in req.hash_ids:
-                seg = blocks.get(h)
-                if seg is None:
-                    seg = blocks[h] = Segment(stable_key(session.session_id, h), unit)
-                prompt.append(seg)
-            if rest:
-                prompt.append(Segment(stable_key(session.session_id, i, "tail"), rest))
-            if not prompt:
-                continue
-            output = max(1, round(req.output_tokens * scale))
-            if max_output_tokens is not None:
-                output = min(output, max_output_tokens)
-            tokens = sum(s.length for s in prompt)
-            if max_context_tokens is not None and tokens + output > max_context_tokens:
-                break
-            think = 0.0 if not turns else min(max(0.0, _think_s(requests, i)), max_think_s)
-            if turns:  # the previous turn's tool is known now
-                turns[-1] = _with_tool(turns[-1], "user" if prev_stop == "end_turn" else "tool_use")
-            turns.append(SimTurn(tuple(prompt), output, think, ""))
-            prev_stop = req.stop
-        if turns:
-            out.append(SimJob(session.session_id, float(arrival), tuple(turns)))
+
+def _aiperf_prompt(prev: Sequence[Segment], length: int, key: int,
+                   block: int = AIPERF_BLOCK_TOKENS) -> list[Segment]:
+    """A prompt of ``length`` tokens as AIPerf rebuilds it from hash ids:
+    the full ``block``-token blocks of the previous prompt ``prev`` (its
+    partial last block has another hash id once the prompt grows past it),
+    then fresh content of key ``key``."""
+    cut = min(sum(s.length for s in prev) // block * block, length)
+    out = truncate(prev, cut)
+    if length > cut:
+        out.append(Segment(key, length - cut))
     return out
-
-
-def _think_s(requests: Sequence[Any], i: int) -> float:
-    """The gap before request ``i``: the trace's ``think_time``, or where a
-    file lacks it, the time between the previous request's end and this one's
-    start (``t`` is whole seconds, so this fallback is coarse)."""
-    req = requests[i]
-    if req.think_time_s is not None:
-        return float(req.think_time_s)
-    prev = requests[i - 1]
-    return float(req.t - prev.t - (prev.api_time_s or 0.0))
-
-
-def _with_tool(turn: SimTurn, tool: str) -> SimTurn:
-    return SimTurn(turn.prompt, turn.output_tokens, turn.think_s, tool)
