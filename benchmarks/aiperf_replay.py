@@ -475,6 +475,16 @@ def aiperf_version(aiperf: str) -> str | None:
     return out.stdout.strip() or None
 
 
+def _commit() -> str | None:
+    """The project's git commit the arms ran (None outside a checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
 def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -531,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "in its own venv, see scripts/setup.sh", file=sys.stderr)
         return 2
     results: dict[str, Any] = {
-        "cpu": cpu_name(), "dtype": args.dtype, "aiperf_version": version,
+        "cpu": cpu_name(), "dtype": args.dtype, "aiperf_version": version, "commit": _commit(),
         "config": {k: v for k, v in vars(args).items()},
         "num_blocks": plan.num_blocks, "block_size": SERVER_BLOCK, "max_model_len": plan.max_model_len,
         "sessions": [{"id": s["id"], "source": src, "turns": len(s["requests"]),

@@ -71,6 +71,7 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
         f"Written by `{command}`.",
         "",
         f"Machine: {first['cpu']}, {first['dtype']}; NVIDIA AIPerf {first['aiperf_version']}; "
+        f"commit {', '.join(sorted({str(r.get('commit')) for r in results}))}; "
         f"the embedded SmolLM2-135M served by `vllm serve`, one fresh server per arm and run.",
         f"{sessions} sessions of the shipped kv-cache-tester Claude Code traces, {turns} requests in all "
         f"(prompts / {first['config']['merge']}, think times capped at {first['config']['max_think']:g} s), "
