@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,12 +28,8 @@ BINS = ((0.0, 0.1), (0.1, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 0.9), (0.9, 0.
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """Leading hash ids ``a`` and ``b`` share."""
+    return len(os.path.commonprefix([a, b]))
 
 
 def shares(trace_dir: Path) -> tuple[list[float], list[float], int]:

@@ -66,12 +66,7 @@ def _prompt_ids(job: SimJob, book: TokenBook, k: int) -> list[int]:
 
 
 def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([a, b]))
 
 
 # ----------------------------------------------------------------------
