@@ -18,7 +18,7 @@ import os
 
 import pytest
 import requests
-from harness import DEFAULT_MODEL, all_free, filler, post_chat, serve_args, wait_for
+from harness import DEFAULT_MODEL, ENGINE_DTYPE, all_free, filler, post_chat, serve_args, wait_for
 
 from vllm_continuum_plugin.benchmarks.lmcache_server import LMCacheServer
 from vllm_continuum_plugin.benchmarks.server import VLLMServer, start_all
@@ -108,7 +108,9 @@ def test_a_job_that_moves_replicas_reloads_its_prefix_from_the_shared_tier(stack
     assert tokens(moved) == tokens(reference)
     diff = max(abs(x["logprob"] - y["logprob"]) for x, y in zip(
         moved["choices"][0]["logprobs"]["content"], reference["choices"][0]["logprobs"]["content"]))
-    assert diff < 2e-2, diff
+    # bf16 (where the CPU has it) rounds the reloaded prefix's attention
+    # otherwise than a fresh prefill's: a few hundredths of a logprob.
+    assert diff < (2e-2 if ENGINE_DTYPE == "float32" else 1e-1), (diff, ENGINE_DTYPE)
     # Nothing leaks on the replica the job left: its pin lapses, every block frees.
     assert wait_for(lambda: a.metric("vllm_continuum:pins_released_total", reason="ttl") >= ttl_a + 1)
     assert wait_for(lambda: all_free([a, b]))
