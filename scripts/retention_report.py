@@ -51,6 +51,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORDER = ["fcfs", "continuum-paper", "continuum", "context_serve", "continuum-offload", "native-offload",
          "continuum-native-offload", "oracle"]
 PIN_ARMS = ("continuum-paper", "continuum", "context_serve", "continuum-offload", "continuum-native-offload")
+
+
+def _pins_cell(p: dict) -> str:
+    """A point's pins: made (handed over / expired / released under pressure)."""
+    if p["arm"] not in PIN_ARMS:
+        return ""
+    return (f"{p['pins_created']} ({p['pins_handed_over']} / {p['pins_expired']} / "
+            f"{p['pins_released_under_pressure']})")
+
+
+def _gap_cell(p: dict) -> str:
+    return "" if p.get("gap_closed") is None else f"{p['gap_closed']:+.1%}"
 OFFLOAD_POLICIES = ("continuum-offload", "continuum-native-offload")  # the plugin's policy with a CPU tier
 SYNTHETIC_ARMS = "fcfs,continuum-paper,continuum,context_serve,oracle"
 TRACE_ARMS = "fcfs,continuum-paper,continuum,native-offload,continuum-native-offload,oracle"
@@ -93,10 +105,9 @@ def table(points: list[dict]) -> list[str]:
             "| recomputed Mtok | pins (handoff / expired / pressure) | gap closed |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for p in sorted(points, key=_order):
-        gap = "" if p.get("gap_closed") is None else f"{p['gap_closed']:+.1%}"
+        gap = _gap_cell(p)
         speedup = f"{fcfs['jct_mean_s'] / p['jct_mean_s']:.2f}x" if fcfs else ""
-        pins = (f"{p['pins_created']} ({p['pins_handed_over']} / {p['pins_expired']} / "
-                f"{p['pins_released_under_pressure']})" if p["arm"] in PIN_ARMS else "")
+        pins = _pins_cell(p)
         rows.append(
             f"| {p['arm']} | {p['jct_mean_s']:.1f} | {speedup} | {p['jct_p90_s']:.1f} | {p['ttft_mean_s']:.2f} "
             f"| {p['first_wait_max_s']:.1f} | {p['hit_share']:.1%} | {p['recomputed_tokens'] / 1e6:.2f} | {pins} | {gap} |"
@@ -116,9 +127,8 @@ def client_table(points: list[dict]) -> list[str]:
         fcfs = by.get((client, "fcfs"))
         for p in sorted((p for p in points if p["client"] == client), key=_order):
             tagged = by.get(("tagged", p["arm"]))
-            gap = "" if p.get("gap_closed") is None else f"{p['gap_closed']:+.1%}"
-            pins = (f"{p['pins_created']} ({p['pins_handed_over']} / {p['pins_expired']} / "
-                    f"{p['pins_released_under_pressure']})" if p["arm"] in PIN_ARMS else "")
+            gap = _gap_cell(p)
+            pins = _pins_cell(p)
             rows.append(
                 f"| {client} | {p['arm']} | {p['jct_mean_s']:.1f} "
                 f"| {fcfs['jct_mean_s'] / p['jct_mean_s']:.2f}x | {p['jct_mean_s'] / tagged['jct_mean_s'] - 1:+.1%} "
