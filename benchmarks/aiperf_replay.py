@@ -110,6 +110,7 @@ __all__ = [
     "main",
     "plan_run",
     "run_arm",
+    "server_env",
 ]
 
 AIPERF_VERSION = "0.13.0"
@@ -345,6 +346,21 @@ def _last_line(path: str, width: int = 110) -> str:
     return lines[-1][-width:] if lines else "(no output yet)"
 
 
+def server_env(max_think_s: float, think_scale: float) -> dict[str, str]:
+    """The server's environment for a replay whose sessions think up to
+    ``max_think_s * think_scale`` seconds between turns.
+
+    AIPerf keeps one keep-alive connection per session and reuses it after
+    the think time; uvicorn closes an idle connection after vLLM's
+    ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` (5 s by default), so a think time near
+    5 s races the close and the next turn fails within a millisecond with
+    ``ClientOSError: Connection reset by peer`` (a few per arm, in every arm,
+    before this). The keep-alive outlasts the longest think time.
+    """
+    keep_alive_s = max(60, int(math.ceil(4 * max_think_s * think_scale)))
+    return {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(keep_alive_s)}
+
+
 def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run_dir: str,
             aiperf: str) -> dict[str, Any]:
     from .server import VLLMServer
@@ -354,6 +370,7 @@ def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run
     os.makedirs(arm_dir, exist_ok=True)
     t0 = time.monotonic()
     server = VLLMServer(args.model, server_args(args, arm, plan), served_name=args.served_name,
+                        env=server_env(args.max_think, args.think_scale),
                         startup_timeout_s=args.startup_timeout, dtype=args.dtype,
                         on_wait=lambda s, srv: log(f"  [{policy}] server starting {s:.0f}s: {srv.last_log_line()}"),
                         wait_report_s=20.0)

@@ -314,6 +314,13 @@ def test_aiperf_env_is_online_and_uncached(monkeypatch):
     assert env["AIPERF_DATASET_MMAP_CACHE_ENABLED"] == "false"
 
 
+def test_server_keep_alive_outlasts_the_longest_think_time():
+    """AIPerf reuses a session's keep-alive connection after its think time:
+    with vLLM's 5 s default a 5 s think raced uvicorn's close and failed."""
+    assert int(ar.server_env(5.0, 1.0)["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) > 5.0
+    assert int(ar.server_env(60.0, 2.0)["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) > 120.0
+
+
 def test_help_documents_scaling():
     out = subprocess.run([sys.executable, "-m", "benchmarks.aiperf_replay", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
