@@ -16,21 +16,17 @@ Three workloads, every arm on the same arrivals in one run each:
    plugin's own offload connector, vLLM's native offloading under both
    schedulers and plain admission at fixed caps at the high load.
 
-Then what real clients send (``benchmarks/sim/clients.py``): FCFS,
-Continuum and the oracle under each client profile (``tagged``, the
-metadata the plugin documents; ``headers-only``, a session header and
-replies the plugin parses; ``aiperf``, prompts rebuilt from hash blocks;
-``reasoning``, reasoning dropped from history), each profile on the same
-arrivals, on both synthetic presets at the high load and on the traces
-(8B, high load) with their sub-agents and a shared system prompt.
+What real clients send (session headers only, parsed replies, AIPerf's
+hash-block prompts, reasoning dropped from history) is its own report:
+``scripts/clients_report.py`` writes docs/retention_clients.md, which this
+document links.
 
 Every figure in the document comes from the results.json files this script
 makes with ``benchmarks.simulate``; the commands are printed with them.
 
     python scripts/retention_report.py [--step-model roofline] [--out results/retention]
 
-(About an hour on 2 cores; ``--clients-only`` runs and writes just the
-client-profile sections, to docs/retention_clients.md by default.)
+(About an hour on 2 cores.)
 """
 
 from __future__ import annotations
@@ -39,10 +35,6 @@ import argparse
 import os
 import platform
 import sys
-from collections.abc import Callable
-
-# point(title, out directory, simulate argv) -> the run's results.json points
-PointFn = Callable[[str, str, list[str]], list[dict]]
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scripts.sim_report import load, run  # noqa: E402
@@ -84,11 +76,6 @@ PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
 SWEEP = {"max_ttl_s": (30, 60, 120), "job_priority_window_s": (300, 600, 1200)}
 SWEEP_DEFAULTS = {"max_ttl_s": 60, "job_priority_window_s": 600}
 SPREAD = "--workload spread --shared-system --sessions 60"
-# Client profiles, each a group of arms over the same arrivals.
-CLIENT_PROFILES = ("tagged", "headers-only", "aiperf", "reasoning")
-CLIENT_ARMS = "fcfs,continuum,oracle"
-CLIENT_TRACE_PROFILE = "h100-llama8b"
-CLIENT_TRACE_OPTIONS = ["--subagents", "--shared-system"]
 
 
 def _order(point: dict) -> tuple[int, int]:
@@ -113,59 +100,6 @@ def table(points: list[dict]) -> list[str]:
             f"| {p['first_wait_max_s']:.1f} | {p['hit_share']:.1%} | {p['recomputed_tokens'] / 1e6:.2f} | {pins} | {gap} |"
         )
     return rows
-
-
-def client_table(points: list[dict]) -> list[str]:
-    """One row per (client profile, policy): the profile's own FCFS and
-    oracle give ``vs FCFS`` and ``gap closed``; ``vs tagged`` compares a
-    policy with itself under the tagged client."""
-    rows = ["| client | policy | JCT mean s | vs FCFS | vs tagged | JCT p90 s | TTFT mean s | hit share "
-            "| recomputed Mtok | pins (handoff / expired / pressure) | gap closed |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
-    by = {(p["client"], p["arm"]): p for p in points}
-    for client in CLIENT_PROFILES:
-        fcfs = by.get((client, "fcfs"))
-        for p in sorted((p for p in points if p["client"] == client), key=_order):
-            tagged = by.get(("tagged", p["arm"]))
-            gap = _gap_cell(p)
-            pins = _pins_cell(p)
-            rows.append(
-                f"| {client} | {p['arm']} | {p['jct_mean_s']:.1f} "
-                f"| {fcfs['jct_mean_s'] / p['jct_mean_s']:.2f}x | {p['jct_mean_s'] / tagged['jct_mean_s'] - 1:+.1%} "
-                f"| {p['jct_p90_s']:.1f} | {p['ttft_mean_s']:.2f} | {p['hit_share']:.1%} "
-                f"| {p['recomputed_tokens'] / 1e6:.2f} | {pins} | {gap} |"
-            )
-    return rows
-
-
-def client_sections(point: "PointFn", syn_argv: list[str], spread_argv: list[str]) -> list[str]:
-    """Run the client-profile points and return their sections."""
-    clients = ["--policies", CLIENT_ARMS, "--client", ",".join(CLIENT_PROFILES)]
-    low, high = TRACE_LOADS[CLIENT_TRACE_PROFILE]
-    runs = [
-        (f"Synthetic coding agent, {SYNTHETIC_HIGH:g} sessions/min", "clients-synthetic-high", syn_argv),
-        (f"Spread synthetic agent, {SYNTHETIC_HIGH:g} sessions/min", "clients-spread-high", spread_argv),
-        (f"Claude Code trace subset with sub-agents and a shared system prompt, {CLIENT_TRACE_PROFILE}, "
-         f"{high:g} sessions/min", "clients-trace-high",
-         ["--profile", CLIENT_TRACE_PROFILE, "--rate", f"{high:g}", *CLIENT_TRACE_OPTIONS]),
-    ]
-    lines = [
-        "## What real clients send: client profiles on the same arrivals",
-        "",
-        "`tagged`: the job metadata the plugin documents (`job_id`, `is_last_step` on every request, the",
-        "tool name), replies re-sent verbatim, never read. `headers-only`: only a session id (what",
-        "`X-Session-ID` sets), replies are tokenizer text the plugin parses (prose ending in a Hermes",
-        "`<tool_call>` on a tool turn, prose on a final answer). `aiperf`: a session id; each prompt is the",
-        "previous one's full 64-token hash blocks plus fresh content (its partial block and the reply are",
-        "not re-sent), replies are prose. `reasoning`: `headers-only` whose replies open with a reasoning",
-        "section that the next prompts drop. On the traces every profile's prompts are the hash-block",
-        "prompts (the trace cannot say more), so there the profiles differ by metadata and replies; their",
-        "sub-agents run as conversations of their own under the parent's session id (`--subagents`).",
-        "",
-    ]
-    for title, out, argv in runs:
-        lines += [f"### {title}", "", *client_table(point(out, out, [*argv, *clients])), ""]
-    return lines
 
 
 def low_load_line(points: list[dict]) -> str:
@@ -233,14 +167,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--step-model", default="roofline", choices=["roofline", "aiconfigurator"])
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "sim", "retention"))
-    ap.add_argument("--doc", default=None,
-                    help="the document to write (default docs/retention.md; docs/retention_clients.md "
-                         "with --clients-only)")
-    ap.add_argument("--clients-only", action="store_true",
-                    help="run and write only the client-profile sections")
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "retention.md"),
+                    help="the document to write (default: %(default)s)")
     args = ap.parse_args()
-    if args.doc is None:
-        args.doc = os.path.join(ROOT, "docs", "retention_clients.md" if args.clients_only else "retention.md")
     common = ["--step-model", args.step_model, "--seed", "7", "--workers", "2"]
     sections: list[tuple[str, str, list[str]]] = []
 
@@ -265,16 +194,6 @@ def main() -> int:
     doc_dir = os.path.dirname(os.path.abspath(args.doc))
     syn_argv = [*SYNTHETIC.split(), "--rate", f"{SYNTHETIC_HIGH:g}"]
     spread_argv = [*SPREAD.split(), "--rate", f"{SYNTHETIC_HIGH:g}"]
-    if args.clients_only:
-        lines += ["# Client profiles: what real clients send", "",
-                  "Written by `python scripts/retention_report.py --clients-only` from the simulator's results.json",
-                  f"files. Step model: `{args.step_model}`; times are virtual seconds; seed 7.", "",
-                  *client_sections(point, syn_argv, spread_argv)]
-        lines += ["## Commands", "", "```", *[cmd for _, cmd, _ in sections], "```", ""]
-        with open(args.doc, "w") as f:
-            f.write("\n".join(lines))
-        print(f"[retention_report] wrote {args.doc}", file=sys.stderr)
-        return 0
     syn_high = point("synthetic-high", "synthetic-high", [*syn_argv, "--policies", SYNTHETIC_ARMS])
     syn_high = with_caps(syn_high, "synthetic-high-caps", "synthetic-high-caps", syn_argv, SYNTHETIC_CAPS)
     syn_low = point("synthetic-low", "synthetic-low",
@@ -393,7 +312,15 @@ def main() -> int:
             low_load_line(traces[prof]["low"]),
             "",
         ]
-    lines += client_sections(point, syn_argv, spread_argv)
+    lines += [
+        "## What real clients send",
+        "",
+        "Every table above replays the `tagged` client (the job metadata the plugin documents). What a",
+        "client that sends only a session header, AIPerf's hash-block prompts or reasoning dropped from",
+        "history gets, on the traces and the spread preset on both profiles, is in",
+        "[retention_clients.md](retention_clients.md) (`python scripts/clients_report.py`).",
+        "",
+    ]
     lines += ["## Commands", "", "```", *[cmd for _, cmd, _ in sections], "```", ""]
     with open(args.doc, "w") as f:
         f.write("\n".join(lines))

@@ -12,6 +12,7 @@ arrivals, and every arm ends with every KV block free.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -383,32 +384,63 @@ def test_subagents_replay_and_hold_their_parent(name: str, sessions: list[Any], 
 
 
 # ----------------------------------------------------------------------
-# The retention report's client sections
+# The client-profile report (scripts/clients_report.py)
 # ----------------------------------------------------------------------
-@pytest.mark.unit
-def test_retention_report_runs_every_profile_on_the_same_arrivals() -> None:
+def _clients_report():
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "retention_report.py")
-    spec = importlib.util.spec_from_file_location("retention_report_under_test", path)
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "clients_report.py")
+    spec = importlib.util.spec_from_file_location("clients_report_under_test", path)
     report = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = report  # its dataclasses look their module up
     spec.loader.exec_module(report)
-    seen: list[list[str]] = []
+    return report
 
-    def point(title: str, out: str, argv: list[str]) -> list[dict]:
-        seen.append(argv)
-        simulate.build_parser().parse_args(argv)  # the simulator takes it
-        return [{"client": c, "arm": a, "jct_mean_s": jct, "jct_p90_s": jct, "ttft_mean_s": 0.1, "hit_share": 0.5,
-                 "recomputed_tokens": 0, "pins_created": 3, "pins_handed_over": 1, "pins_expired": 1,
-                 "pins_released_under_pressure": 1, "gap_closed": None}
-                for c in report.CLIENT_PROFILES
-                for a, jct in (("fcfs", 200.0), ("continuum", 150.0 if c == "tagged" else 180.0), ("oracle", 100.0))]
 
-    lines = report.client_sections(point, ["--workload", "coding-agent", "--rate", "15"],
-                                   ["--workload", "spread", "--rate", "15"])
-    assert len(seen) == 3
-    for argv in seen:
-        assert argv[argv.index("--client") + 1] == "tagged,headers-only,aiperf,reasoning"
-    assert "--subagents" in seen[2] and "--shared-system" in seen[2]
-    rows = [line for line in lines if line.startswith("| headers-only | continuum |")]
-    assert len(rows) == 3 and "| +20.0% |" in rows[0]  # 180 s against tagged's 150 s
+def _client_points(report, continuum: dict[str, float]) -> list[dict]:
+    """fcfs 200 s, oracle 100 s for every profile; continuum as given."""
+    out = []
+    for c in report.CLIENT_PROFILES:
+        for a, jct in (("fcfs", 200.0), ("continuum", continuum[c]), ("oracle", 100.0)):
+            out.append({"client": c, "arm": a, "jct_mean_s": jct, "jct_p90_s": jct, "ttft_mean_s": 0.1,
+                        "hit_share": 0.4, "recomputed_tokens": 0, "pins_created": 3, "pins_handed_over": 1,
+                        "pins_expired": 1, "pins_released_under_pressure": 1,
+                        "gap_closed": None if a == "fcfs" else (200.0 - jct) / 100.0})
+    return out
+
+
+@pytest.mark.unit
+def test_clients_report_verdict_states_each_bar_from_the_figures() -> None:
+    report = _clients_report()
+    # tagged closes 60%; headers-only 56% (within 5 points), aiperf 50%
+    # (trails by 10), reasoning slower than FCFS.
+    pts = _client_points(report, {"tagged": 140.0, "headers-only": 144.0, "aiperf": 150.0, "reasoning": 210.0})
+    caps = [{"arm": f"fcfs-cap{k}", "jct_mean_s": jct, "jct_p90_s": jct, "ttft_mean_s": 0.1, "hit_share": 0.9}
+            for k, jct in ((12, 145.0), (8, 170.0))]
+    lines = report.high_verdict(pts, caps, spread=True)
+    by = {line.split("`")[1]: line for line in lines[1:]}
+    assert "`fcfs-cap12` at 145.0 s" in lines[0]
+    assert "within 5 points): **holds**" in by["headers-only"]
+    assert "ahead): **holds**" in by["headers-only"]  # 144 < 145
+    assert "(>= 2x): **misses**" in by["headers-only"]  # 200/144 = 1.39x
+    assert "(>= 75%): **misses**" in by["headers-only"]
+    assert "within 5 points): **misses**" in by["aiperf"]
+    assert "(never slower): **misses**" in by["reasoning"]
+    assert "(>= 2x)" not in by["tagged"]  # the spread bars are headers-only's
+    rows = report.client_table(pts, caps)
+    assert any(r.startswith("| aiperf | continuum | 150.0 | 1.33x | +7.1% |") for r in rows)
+    assert rows[-2].startswith("| tagged | fcfs-cap8 |") and rows[-1].startswith("| tagged | fcfs-cap12 |")
+    low = report.low_verdict(_client_points(report, {"tagged": 200.0, "headers-only": 201.0,
+                                                    "aiperf": 203.0, "reasoning": 199.0}))
+    assert [("holds" in line) for line in low] == [True, True, False, True]
+
+
+@pytest.mark.unit
+def test_clients_report_points_are_commands_the_simulator_takes() -> None:
+    report = _clients_report()
+    for wl in report.WORKLOADS:
+        for prof in report.PROFILES:
+            low, high = wl.loads[prof]
+            assert 0 < low < high
+            simulate.build_parser().parse_args([*wl.argv, "--profile", prof, "--rate", f"{high:g}",
+                                                "--client", ",".join(report.CLIENT_PROFILES)])
