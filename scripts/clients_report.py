@@ -48,6 +48,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scripts.sim_report import load, run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# README.md's block this script owns (the summary of the page it writes).
+README_BEGIN = "<!-- clients-report: written by scripts/clients_report.py -->"
+README_END = "<!-- /clients-report -->"
 CLIENT_PROFILES = ("tagged", "headers-only", "aiperf", "reasoning")
 CLIENT_ARMS = ("fcfs", "continuum", "oracle")
 CAPS = "fcfs-cap8,fcfs-cap12,fcfs-cap16,fcfs-cap24"
@@ -143,6 +146,43 @@ def high_verdict(points: list[dict], caps: list[dict], spread: bool) -> list[str
     return lines
 
 
+def summary_row(title: str, points: list[dict], caps: list[dict]) -> str:
+    """README's row for a high-load point: per client profile, Continuum's
+    share of the gap and its speed-up over FCFS, next to the best cap's."""
+    by = {(p["client"], p["arm"]): p for p in points}
+    fcfs, oracle = by[("tagged", "fcfs")]["jct_mean_s"], by[("tagged", "oracle")]["jct_mean_s"]
+    best = min(caps, key=lambda p: p["jct_mean_s"])
+    cells = [f"{(fcfs - best['jct_mean_s']) / (fcfs - oracle):+.0%} ({best['arm']})"]
+    for client in CLIENT_PROFILES:
+        c, f = by[(client, "continuum")], by[(client, "fcfs")]
+        cells.append(f"{c['gap_closed']:+.0%} ({f['jct_mean_s'] / c['jct_mean_s']:.2f}x)")
+    return f"| {title} | {by[('tagged', 'fcfs')]['hit_share']:.0%} | " + " | ".join(cells) + " |"
+
+
+def write_readme_block(readme: str, rows: list[str], doc: str) -> None:
+    """Replace README's block between the markers with ``rows``' table."""
+    with open(readme) as f:
+        text = f.read()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"{readme} has no {README_BEGIN} ... {README_END} block to write")
+    rel = os.path.relpath(doc, os.path.dirname(os.path.abspath(readme)))
+    block = [
+        README_BEGIN,
+        "Simulated (vLLM's real scheduler on a virtual clock, roofline step model), at the high load of",
+        f"each workload (FCFS's hit share below 50%): Continuum's share of the FCFS -> oracle gap in mean JCT",
+        "and its speed-up over FCFS under each client profile, next to plain admission at its best fixed",
+        f"cap; low loads, the profiles and the commands: [{rel}]({rel}).",
+        "",
+        "| workload, GPU, sessions/min | FCFS hit share | best fixed cap | tagged | headers-only | aiperf | reasoning |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        README_END,
+    ]
+    a, b = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    with open(readme, "w") as f:
+        f.write(text[:a] + "\n".join(block) + text[b:])
+
+
 def low_verdict(points: list[dict]) -> list[str]:
     by = {(p["client"], p["arm"]): p for p in points}
     out = []
@@ -164,6 +204,8 @@ def main() -> int:
                     help="directory for the simulator's results (default: %(default)s)")
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "retention_clients.md"),
                     help="the document to write (default: %(default)s)")
+    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"),
+                    help="README whose clients-report block gets the summary (default: %(default)s)")
     ap.add_argument("--profiles", default=",".join(PROFILES),
                     help="GPU profiles to report, comma-separated (default: %(default)s)")
     ap.add_argument("--workloads", default=",".join(w.key for w in WORKLOADS),
@@ -173,6 +215,7 @@ def main() -> int:
     wanted = set(args.workloads.split(","))
     common = ["--step-model", args.step_model, "--seed", "7", "--workers", "2"]
     commands: list[str] = []
+    summary: list[str] = []
 
     def point(out: str, argv: list[str]) -> list[dict]:
         argv = [*argv, *common, "--out", os.path.join(args.out, out)]
@@ -216,6 +259,7 @@ def main() -> int:
             if wl.low_sessions is not None:
                 low_argv += ["--sessions", str(wl.low_sessions)]
             low_pts = point(f"{wl.key}-{prof}-low", [*low_argv, *clients])
+            summary.append(summary_row(f"{wl.key}, {prof}, {high:g}", pts, caps))
             lines += [
                 f"## {wl.title}, {prof}, {high:g} sessions/min", "",
                 *client_table(pts, caps), "",
@@ -228,6 +272,8 @@ def main() -> int:
     lines += ["## Commands", "", "```", *commands, "```", ""]
     with open(args.doc, "w") as f:
         f.write("\n".join(lines))
+    if args.readme:
+        write_readme_block(args.readme, summary, args.doc)
     print(f"[clients_report] wrote {args.doc}", file=sys.stderr)
     return 0
 

@@ -444,3 +444,21 @@ def test_clients_report_points_are_commands_the_simulator_takes() -> None:
             assert 0 < low < high
             simulate.build_parser().parse_args([*wl.argv, "--profile", prof, "--rate", f"{high:g}",
                                                 "--client", ",".join(report.CLIENT_PROFILES)])
+
+
+@pytest.mark.unit
+def test_clients_report_writes_readme_block_between_its_markers(tmp_path) -> None:
+    report = _clients_report()
+    pts = _client_points(report, {"tagged": 140.0, "headers-only": 144.0, "aiperf": 150.0, "reasoning": 210.0})
+    caps = [{"arm": "fcfs-cap12", "jct_mean_s": 145.0}]
+    row = report.summary_row("trace, h100-llama8b, 1", pts, caps)
+    assert row == "| trace, h100-llama8b, 1 | 40% | +55% (fcfs-cap12) | +60% (1.43x) | +56% (1.39x) | +50% (1.33x) | -10% (0.95x) |"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_BEGIN}\nold\n{report.README_END}\nafter\n")
+    report.write_readme_block(str(readme), [row], str(tmp_path / "docs" / "retention_clients.md"))
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("\nafter\n") and "old" not in text
+    assert row in text and "(docs/retention_clients.md)" in text
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no <!-- clients-report"):
+        report.write_readme_block(str(readme), [row], str(tmp_path / "d.md"))
