@@ -93,12 +93,17 @@ class ContinuumConfig:
     # KV connector, whose tier the pool bound does not count).
     admission: bool = True
     # Admission: the longest a new job's first turn is held back (then it
-    # passes whatever the pool holds).
-    admission_max_wait_s: float = ranged(600.0, _SECONDS)
+    # passes whatever the pool holds). About one agent session's length at
+    # overload: a newcomer forced in sooner finds the pool still held by
+    # the sessions that made it wait, and every session thrashes (on the
+    # Claude Code traces, H100 8B at 1 session/min, 600 s trailed the best
+    # fixed session cap; docs/retention_clients.md).
+    admission_max_wait_s: float = ranged(1200.0, _SECONDS)
     # Admission: count a job under way as the size it is forecast to reach
     # (its size at admission plus the mean growth of the jobs that ended),
-    # not as its context last seen.
-    admission_forecast: bool = False
+    # not as its context last seen: sessions grow after admission, and a
+    # gate that counts them as last seen admits jobs that will not fit.
+    admission_forecast: bool = True
     # Samples kept per tool key (and globally) for the CDF. Capped at 2**16:
     # each new sample is an O(n) insert and each decision an O(n) pass on
     # the scheduler thread.
