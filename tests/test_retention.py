@@ -26,7 +26,9 @@ BS = 16
 
 
 def parse(args):
-    return parse_retention(args, MetadataError)
+    """(retention, retention_scope) as the metadata parser reads them."""
+    meta = parse_metadata(args)
+    return meta.retention, meta.job_id
 
 
 def test_pr_spelling_parses_ranges_and_scope():
@@ -60,6 +62,7 @@ def test_trt_spelling_parses_ms_null_end_and_decode():
 def test_vllm_xargs_carry_the_structures_as_json_text():
     directives = [{"start": 0, "end": 64, "priority": 90, "duration": 60}]
     assert parse({"retention_directives": json.dumps(directives)})[0] == parse({"retention_directives": directives})[0]
+    assert parse_retention({}, MetadataError) is None
 
 
 @pytest.mark.parametrize("args, field", [
@@ -78,7 +81,7 @@ def test_vllm_xargs_carry_the_structures_as_json_text():
     ({"retention_directives": "not json"}, "retention_directives"),
     ({"retention_directives": "x" * 70000}, "retention_directives"),
     ({"retention_scope": ""}, "retention_scope"),
-    ({"retention_scope": 7}, "retention_scope"),
+    ({"retention_scope": [7]}, "retention_scope"),
     ({"retention_scope": "a\nb"}, "retention_scope"),
     ({"kv_cache_retention_config": {"token_range_retention_configs": [
         {"token_start": 0, "token_end": 5, "priority": 50, "duration_ms": 10**13}]}},

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .estimators.scopes import DEFAULT_SCOPE, is_key_scope, key_scope
-from .retention import RETENTION_FIELDS, Retention, parse_retention
+from .retention import RETENTION_FIELDS, RETENTION_SCOPE, Retention, parse_retention
 
 __all__ = [
     "JOB_ID",
@@ -261,7 +261,8 @@ def parse_metadata(
     (vLLM's typed hints, see module doc); ``session_id`` is the fallback job id.
     """
     args = {**kv_hint_fields(kv_hints), **(extra_args or {})}
-    retention, retention_scope = parse_retention(args, MetadataError)
+    retention = parse_retention(args, MetadataError)
+    retention_scope = parse_job_id(args.get(RETENTION_SCOPE), RETENTION_SCOPE)
     job_id = parse_job_id(args.get(JOB_ID))
     if job_id is None and session_id:
         job_id = parse_job_id(session_id, "session_id")

@@ -173,23 +173,22 @@ class Retention:
         return RetentionPlan(ordered, min(cap, max(0.0, policy_ttl_s)), evict_from)
 
 
-def parse_retention(args: Mapping[str, Any], error: type[ValueError]) -> tuple[Retention | None, str | None]:
+def parse_retention(args: Mapping[str, Any], error: type[ValueError]) -> Retention | None:
     """The retention a request declares in ``args`` (its merged
-    ``extra_args``) and its ``retention_scope``: ``(None, None)`` when it
-    declares none. Raises ``error(field, value, expectation)`` (the
-    caller's ``MetadataError``) naming the field of a malformed value.
-    Both spellings at once are refused (which would win is not obvious)."""
+    ``extra_args``), or None. Raises ``error(field, value, expectation)``
+    (the caller's ``MetadataError``) naming the field of a malformed value.
+    Both spellings at once are refused (which would win is not obvious).
+    (``retention_scope`` is a job id: ``metadata`` validates it as one.)"""
     try:
-        scope = _parse_scope(args.get(RETENTION_SCOPE))
         pr, trt = args.get(RETENTION_DIRECTIVES), args.get(KV_CACHE_RETENTION_CONFIG)
         if pr is not None and trt is not None:
             raise _Invalid(KV_CACHE_RETENTION_CONFIG, "<given>",
                            f"one spelling per request: {RETENTION_DIRECTIVES} or {KV_CACHE_RETENTION_CONFIG}")
         if pr is not None:
-            return _parse_pr(pr), scope
+            return _parse_pr(pr)
         if trt is not None:
-            return _parse_trt(trt), scope
-        return None, scope
+            return _parse_trt(trt)
+        return None
     except _Invalid as e:
         raise error(e.field, e.value, e.expectation) from None
 
@@ -205,17 +204,6 @@ def _json(value: Any, field: str) -> Any:
         except ValueError:
             raise _Invalid(field, _shown(value), "a JSON list or object") from None
     return value
-
-
-def _parse_scope(value: Any) -> str | None:
-    if value is None:
-        return None
-    from .metadata import MAX_JOB_ID_LENGTH
-
-    if not isinstance(value, str) or not value.strip() or len(value) > MAX_JOB_ID_LENGTH or not value.isprintable():
-        raise _Invalid(RETENTION_SCOPE, _shown(value),
-                       f"a non-empty printable string of at most {MAX_JOB_ID_LENGTH} characters")
-    return value.strip()
 
 
 def _parse_pr(value: Any) -> Retention:

@@ -79,13 +79,14 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from .admission import AdmissionGate
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
 from .decisions import Decider, make_decider
+from .declared_holds import DeclaredHolds
 from .estimators.parser import NO_TOOL_KEY, ToolCall
 from .estimators.prefill import PrefillCostModel, PrefillTimer
 from .estimators.round_trip import RoundTripOverhead
@@ -110,9 +111,6 @@ from .turn_outcome import PinRelation, TurnOutcome, TurnOutcomeKind, TurnRules, 
 from .wakeup import EngineWaker
 
 logger = logging.getLogger("vllm.continuum_plugin")
-# Key prefix of a declared hold that no job takes over (non-printable:
-# no client job id can name it, see metadata.parse_job_id).
-_DECLARED_HOLD = "\x00declared:"
 
 __all__ = [
     "ContinuumAsyncScheduler",
@@ -231,6 +229,11 @@ class ContinuumSchedulerMixin:
             self.replies, self.jobs, self.pins, frozenset(cfg.finish_action_list),
             TurnRules(implicit_jobs=self.implicit_jobs is not None, pinning=self.pinning_enabled),
             beside_an_agent=lambda key: self.conversations.beside_an_agent(key, self.jobs.get),
+        )
+        # A finished request's declared retention (retention directives).
+        self.declared = DeclaredHolds(
+            self.kv_cache_manager, self.pins, self.continuum_metrics, self.block_size, cfg.retention_max_s,
+            rank=self.order.ranked_arrival, free=self._stock_free,
         )
         self.soft_pins = SoftPins(
             self, self.pins, self.order,
@@ -447,7 +450,7 @@ class ContinuumSchedulerMixin:
         turn, call = self.turns.read(request)
         outcome = decide_turn(turn, self.turns.rules)
         if outcome.kind is TurnOutcomeKind.STOCK:
-            if not self._hold_declared(request, None, 0.0):
+            if not self.declared.apply(request, None, 0.0):
                 super()._free_request_blocks(request)  # type: ignore[misc]
         elif outcome.kind is TurnOutcomeKind.END_JOB:
             assert turn.reply is not None
@@ -480,7 +483,7 @@ class ContinuumSchedulerMixin:
             )
         if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
             self._holds_nothing(job_id)
-            if not self._hold_declared(request, None, 0.0):
+            if not self.declared.apply(request, None, 0.0):
                 super()._free_request_blocks(request)  # type: ignore[misc]
             return
         # With async scheduling and a KV-consumer connector (the default GPU
@@ -504,7 +507,7 @@ class ContinuumSchedulerMixin:
             # another branch): it stays, this turn is served as stock.
             logger.debug("continuum: request %s names job %s but does not continue its pin; not pinned",
                          request.request_id, job_id)
-            if not self._hold_declared(request, None, 0.0):
+            if not self.declared.apply(request, None, 0.0):
                 super()._free_request_blocks(request)  # type: ignore[misc]
             return
         if outcome.supersedes_pin:  # a newer turn of the same context
@@ -514,57 +517,17 @@ class ContinuumSchedulerMixin:
             self.continuum_metrics.on_ttl_decision(0.0)
             if self.offload is not None:  # SLOW tool: reload later, not recompute
                 self.offload.save_request(request, hold_job=job_id)
-            if not self._hold_declared(request, None, 0.0):
+            if not self.declared.apply(request, None, 0.0):
                 super()._free_request_blocks(request)  # type: ignore[misc]
             return
-        if self._hold_declared(request, job_id, decision.ttl_s, tool_key, fence):
+        if self.declared.apply(request, job_id, decision.ttl_s, tool_key, fence):
             return
         self.pins.pin(
             request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
         )
 
-    def _hold_declared(self, request: Request, job_id: str | None, policy_ttl_s: float,
-                       tool_key: str = "declared", fence: int | None = None) -> bool:
-        """Apply the retention ``request`` declared (``retention``) to its
-        blocks as it finishes, in place of the policy's decision for the
-        blocks its ranges cover (``policy_ttl_s``: the policy's TTL for the
-        rest; 0: the policy holds nothing). Returns True when it took the
-        request's blocks (a pin under ``job_id``, which its next turn takes
-        over; without one, a hold of its own that lapses) or freed them
-        with those its directives rank low at the front of the free queue;
-        False leaves the blocks to the caller. Only a request that finished
-        normally is held: a preempted, aborted or failed one is not.
-        """
-        retention = request_meta(request).retention
-        if retention is None or self.continuum_config.retention_max_s <= 0:
-            return False
-        if request.status not in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED):
-            return False
-        plan = retention.plan(request.num_prompt_tokens, request.num_tokens, self.block_size,
-                              self.continuum_config.retention_max_s, policy_ttl_s)
-        blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks
-        if plan.keep_blocks == 0:
-            if plan.evict_from is None:
-                self.continuum_metrics.on_directives()
-                return False
-            super()._free_request_blocks(request)  # type: ignore[misc]
-            self.continuum_metrics.on_directives(evict_first(self.kv_cache_manager.block_pool, blocks,
-                                                             plan.evict_from))
-            return True
-        if job_id is None or (job_id in self.pins and self.pins.get(job_id).request_id != request.request_id):
-            # No job to hand the hold to (or its pin holds another branch):
-            # a hold of this request's own, which only lapses or yields.
-            job_id = _DECLARED_HOLD + request.request_id
-        pin = self.pins.pin(request, job_id, self.order.ranked_arrival(request), plan.stages[0][0], tool_key,
-                            fence=fence, stages=plan.stages, declared_after_s=plan.declared_after_s)
-        moved = 0
-        if plan.evict_from is not None:
-            moved = evict_first(self.kv_cache_manager.block_pool, blocks, plan.evict_from)
-        self.continuum_metrics.on_directives(moved)
-        logger.debug("continuum: request %s declared retention: %d blocks held in %d stage(s) up to %.1fs%s",
-                     request.request_id, pin.num_blocks if pin is not None else 0, len(plan.stages),
-                     plan.stages[-1][0], "" if plan.evict_from is None else f", blocks from {plan.evict_from} first out")
-        return True
+    def _stock_free(self, request: Request) -> None:
+        super()._free_request_blocks(request)  # type: ignore[misc]
 
     def _holds_nothing(self, job_id: str) -> None:
         """The job's finished turn keeps no blocks (its TTL chose not to
@@ -589,7 +552,7 @@ class ContinuumSchedulerMixin:
                          forget_state=ends)
         if ends and self.offload is not None:
             self.offload.demote_request(request)  # nobody reloads a finished job's context
-        if self._hold_declared(request, None, 0.0):
+        if self.declared.apply(request, None, 0.0):
             return
         if not ends or shared_tokens is None:  # retried, followed up: LRU as usual
             super()._free_request_blocks(request)  # type: ignore[misc]
