@@ -214,3 +214,20 @@ def test_another_scope_naming_the_same_retention_scope_cannot_touch_the_hold():
     assert run_for_hit(s, again) >= 12 * BLOCK
     lapse(s, 700)
     assert_all_blocks_free(s)
+
+
+def test_a_hold_trimmed_by_the_cap_keeps_the_longest_hold_its_blocks_were_given():
+    # 12 blocks declared: the first 4 (system prompt) for 600 s, all for 30 s;
+    # a cap of 4 blocks trims the hold to the system prompt, which keeps 600 s.
+    s = make_scheduler(num_blocks=64, continuum={"max_pinned_fraction": 4 / 63, "retention_max_s": 1000})
+    directives = [{"start": 0, "end": 4 * BLOCK, "priority": 90, "duration": 600},
+                  {"start": 4 * BLOCK, "end": 12 * BLOCK, "priority": 70, "duration": 30}]
+    r = make_request(prompt_of(80, 12 * BLOCK), max_tokens=2, extra={"retention_directives": directives})
+    s.add_request(r)
+    run_until_finished(s, [r])
+    assert s.pins.num_pinned_blocks == 4
+    lapse(s, 31)
+    assert s.pins.num_pinned_blocks == 4  # still held: its own stage lasts 600 s
+    lapse(s, 600)
+    assert s.pins.num_pinned_blocks == 0
+    assert_all_blocks_free(s)

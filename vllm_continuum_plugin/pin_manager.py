@@ -183,8 +183,12 @@ class PinManager:
         if stages:
             ttl_s = stages[0][0]
             if len(keep_by_group) == 1:
+                # The cap may have trimmed the pin into a later stage: its
+                # blocks then hold as long as that stage does.
                 kept = len(keep_by_group[0])
-                later = [(now + hold, min(blocks, kept)) for hold, blocks in stages[1:] if blocks < kept]
+                first = max(i for i, (_, blocks) in enumerate(stages) if blocks >= kept or i == 0)
+                ttl_s = stages[first][0]
+                later = [(now + hold, blocks) for hold, blocks in stages[first + 1:]]
         pin = Pin(
             job_id=job_id,
             request_id=request.request_id,
