@@ -243,6 +243,8 @@ def test_every_profile_replays_to_the_end(name: str, model_dir: str, text: Reply
         keys = {c.tool_key for c in calls if c is not None}
         assert keys and keys <= {tool_key_for_command(t.tool_command) for j in raw for t in j.turns if t.tool}
         assert sum(c is None for c in calls) == len(jobs)  # each job's final answer
+    if client.retention != "none":  # every request's directives reached the plugin, its holds all ended
+        assert records.counters["metrics"].retention["accepted"] == len(records.turns)
     fcfs, _, _ = _run("fcfs", jobs, model_dir, client)
     assert fcfs.turns == summary.turns
 
@@ -462,3 +464,24 @@ def test_clients_report_writes_readme_block_between_its_markers(tmp_path) -> Non
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="no <!-- clients-report"):
         report.write_readme_block(str(readme), [row], str(tmp_path / "d.md"))
+
+
+# ----------------------------------------------------------------------
+# The directives profile: vLLM PR #38514's ContinuumPolicy directives
+# ----------------------------------------------------------------------
+@pytest.mark.unit
+def test_directives_profile_declares_system_history_and_tail():
+    from benchmarks.sim.clients import CLIENTS, retention_directives
+
+    assert CLIENTS["directives"].retention == "continuum-policy" and CLIENTS["directives"].metadata == "session"
+    got = retention_directives(6000, 20000, 20700, next_think_s=3.5)
+    assert got == [{"start": 0, "end": 6000, "priority": 90, "duration": 600.0},
+                   {"start": 6000, "end": 20000, "priority": 70, "duration": 3.5},
+                   {"start": 20000, "end": 20700, "priority": 50, "duration": 3.5}]
+    # A first turn has no history; a last turn declares only the system prompt.
+    assert [d["priority"] for d in retention_directives(6000, 0, 8000, 2.0)] == [90, 50]
+    assert retention_directives(6000, 20000, 20700, None) == [got[0]]
+    # What the plugin's parser accepts as is.
+    from vllm_continuum_plugin.metadata import parse_metadata
+
+    assert len(parse_metadata({"retention_directives": got}).retention.ranges) == 3

@@ -58,6 +58,8 @@ from .metadata import (
     parse_metadata,
     parse_scope,
 )
+from .metrics import count_refused_directives
+from .retention import RETENTION_FIELDS
 from .session_ids import client_session_id
 
 logger = logging.getLogger("vllm.continuum_plugin")
@@ -65,6 +67,7 @@ logger = logging.getLogger("vllm.continuum_plugin")
 __all__ = [
     "PATCHED_ATTR",
     "client_scope",
+    "keep_extra_fields",
     "patch_anthropic_messages",
     "patch_request_class",
     "patch_session_lookup",
@@ -109,6 +112,8 @@ def patch_request_class(cls: type) -> None:
             try:
                 parse_metadata(extra_args, getattr(self, "session_id", None))
             except MetadataError as e:
+                if e.field.startswith(RETENTION_FIELDS):
+                    count_refused_directives()
                 raise _validation_error(e) from None
         # Outside the pydantic fields: never dumped, never sent anywhere.
         object.__setattr__(self, _PARAMS_ATTR, params)
@@ -282,10 +287,26 @@ def _runs_plugin(vllm_config: Any, policies: tuple[str, ...]) -> bool:
     return name.startswith("vllm_continuum_plugin.")
 
 
+def keep_extra_fields(cls: type) -> None:
+    """Let a pydantic request class keep the fields it does not declare in
+    ``model_extra`` (vLLM's ``AnthropicMessagesRequest`` drops them), so
+    that the plugin's top-level fields (``job_id``, retention directives)
+    reach ``patch_anthropic_messages``. Nothing else reads them there."""
+    config = getattr(cls, "model_config", None)
+    if not isinstance(config, dict) or config.get("extra") == "allow" or getattr(cls, PATCHED_ATTR, False):
+        return
+    config["extra"] = "allow"
+    cls.model_rebuild(force=True)
+    setattr(cls, PATCHED_ATTR, True)
+
+
 def patch_anthropic_messages(cls: type) -> None:
     """Carry ``metadata.user_id`` of an Anthropic ``/v1/messages`` request
     over to the chat request vLLM converts it to (``to_chat_completion_request``
-    drops ``metadata``), where ``_get_session_id`` can read it."""
+    drops ``metadata``), where ``_get_session_id`` can read it, and the
+    plugin's top-level fields (``METADATA_FIELDS``: job metadata, retention
+    directives) into the chat request's own extra fields, where
+    ``to_sampling_params`` reads them."""
     original = cls.__dict__.get("to_chat_completion_request")
     if not isinstance(original, classmethod) or getattr(original.__func__, PATCHED_ATTR, False):
         return
@@ -299,6 +320,10 @@ def patch_anthropic_messages(cls: type) -> None:
         if isinstance(user_id, str):
             # Outside the pydantic fields: never dumped, never reaches the engine.
             object.__setattr__(chat_request, _USER_ID_ATTR, user_id)
+        given = getattr(anthropic_request, "model_extra", None) or {}
+        extra = getattr(chat_request, "__pydantic_extra__", None)
+        if extra is not None:
+            extra.update({k: given[k] for k in METADATA_FIELDS if k in given})
         return chat_request
 
     setattr(to_chat_completion_request, PATCHED_ATTR, True)

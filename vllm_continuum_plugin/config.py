@@ -69,6 +69,9 @@ class ContinuumConfig:
     default_ttl_s: float = ranged(2.0, _SECONDS)
     # Upper bound on any TTL (at most a day: a longer pin is a leak).
     max_ttl_s: float = ranged(60.0, _SECONDS)
+    # Upper bound on a client's declared retention (retention directives'
+    # durations, and the hold of a range without one); 0 ignores directives.
+    retention_max_s: float = ranged(600.0, _SECONDS)
     # TTL of the "fixed" policy and its fast/slow threshold (the policy
     # clamps it to max_ttl_s, like every other TTL).
     fixed_ttl_s: float = ranged(2.0, _SECONDS)

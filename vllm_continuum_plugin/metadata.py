@@ -27,6 +27,12 @@ exactly like stock FCFS) and logs a warning, never an engine error.
 Optional hints: ``tool_name`` / ``tool_command`` (override reply parsing) and
 ``expected_tool_seconds`` (the client's own estimate of the tool's duration).
 
+Declared retention (``retention``): vLLM PR #38514's ``retention_directives``
+and ``retention_scope``, or TensorRT-LLM's ``kv_cache_retention_config``, in
+any of the forms above (in ``vllm_xargs``, which carries only scalars, as
+JSON text). ``retention_scope`` names the job when neither ``job_id`` nor a
+session id does. See ``retention``.
+
 Client scope (``continuum_scope``; see ``estimators.scopes`` and
 docs/scoped-learning.md): whose learned state a request teaches and reads.
 On a server started with API keys it is the hash of the request's verified
@@ -45,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .estimators.scopes import DEFAULT_SCOPE, is_key_scope, key_scope
+from .retention import RETENTION_FIELDS, RETENTION_SCOPE, Retention, parse_retention
 
 __all__ = [
     "JOB_ID",
@@ -74,7 +81,7 @@ SCOPE = "continuum_scope"
 # model any tool (``tools`` given, ``tool_choice`` not "none")? Absent where
 # the endpoint has no tools (completions) or the engine is driven directly.
 TOOLS_OFFERED = "continuum_tools_offered"
-METADATA_FIELDS = (JOB_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS, SCOPE)
+METADATA_FIELDS = (JOB_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS, SCOPE, *RETENTION_FIELDS)
 # The header a client may name its scope with (when no API key decides it).
 SCOPE_HEADER = "X-Continuum-Scope"
 MAX_SCOPE_CHARS = 128
@@ -119,6 +126,8 @@ class JobMetadata:
     # known. A reply without a tool call to a request that offered none
     # waits on a person, not a tool: it is the conversation's final answer.
     tools_offered: bool | None = None
+    # What the client declared it will need again (``retention``), or None.
+    retention: Retention | None = None
 
 
 UNTAGGED = JobMetadata()
@@ -252,9 +261,13 @@ def parse_metadata(
     (vLLM's typed hints, see module doc); ``session_id`` is the fallback job id.
     """
     args = {**kv_hint_fields(kv_hints), **(extra_args or {})}
+    retention = parse_retention(args, MetadataError)
+    retention_scope = parse_job_id(args.get(RETENTION_SCOPE), RETENTION_SCOPE)
     job_id = parse_job_id(args.get(JOB_ID))
     if job_id is None and session_id:
         job_id = parse_job_id(session_id, "session_id")
+    if job_id is None and retention_scope is not None:
+        job_id = retention_scope
     raw_last = args.get(IS_LAST_STEP)
     is_last = None if raw_last is None else parse_bool(raw_last, IS_LAST_STEP)
     return JobMetadata(
@@ -265,4 +278,5 @@ def parse_metadata(
         expected_tool_seconds=_parse_seconds(args.get(EXPECTED_TOOL_SECONDS)),
         scope=parse_scope(args.get(SCOPE)),
         tools_offered=None if args.get(TOOLS_OFFERED) is None else parse_bool(args[TOOLS_OFFERED], TOOLS_OFFERED),
+        retention=retention,
     )

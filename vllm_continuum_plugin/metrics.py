@@ -30,6 +30,9 @@ __all__ = [
     "Histogram",
     "SnapshotCollector",
     "RELEASE_REASONS",
+    "RETENTION_OUTCOMES",
+    "count_refused_directives",
+    "refused_directives",
 ]
 
 METRICS_DIR_ENV = "_CONTINUUM_PLUGIN_METRICS_DIR"
@@ -47,6 +50,10 @@ JOB_END_REASONS = ("last_step", "finish_action", "final_answer")
 # Implicit jobs: "started" (an untagged turn that called a tool), "continued"
 # (an untagged request recognised as a job's next turn).
 IMPLICIT_EVENTS = ("started", "continued")
+# Declared retention: requests whose directives reached the scheduler
+# ("accepted"), declared holds that lasted or were taken over by their job
+# ("honoured") or that memory took first ("overridden").
+RETENTION_OUTCOMES = ("accepted", "honoured", "overridden")
 TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 TOOL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ERROR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
@@ -103,6 +110,10 @@ class EngineMetrics:
         # Conversations started under a session id that already had one
         # (sub-agents, side requests, branches, another client's requests).
         self.conversations_started = 0
+        self.retention = dict.fromkeys(RETENTION_OUTCOMES, 0)
+        # Blocks that directives' low priorities sent to the front of the
+        # free queue.
+        self.retention_evicted_first_blocks = 0
         self._dirty = True
         self._path: str | None = None
         directory = os.environ.get(METRICS_DIR_ENV)
@@ -185,6 +196,19 @@ class EngineMetrics:
             self.conversations_started += 1
             self._dirty = True
 
+    def on_directives(self, evicted_first: int = 0) -> None:
+        """A finished request carried retention directives (``evicted_first``
+        of its blocks were sent to the front of the free queue)."""
+        with self._lock:
+            self.retention["accepted"] += 1
+            self.retention_evicted_first_blocks += evicted_first
+            self._dirty = True
+
+    def on_declared_release(self, honoured: bool) -> None:
+        with self._lock:
+            self.retention["honoured" if honoured else "overridden"] += 1
+            self._dirty = True
+
     def on_tool_time(self, seconds: float, predicted_s: float | None = None) -> None:
         with self._lock:
             self.tool_seconds.observe(seconds)
@@ -215,6 +239,8 @@ class EngineMetrics:
                 "admission_held": self.admission_held,
                 "context_mismatches": self.context_mismatches,
                 "conversations_started": self.conversations_started,
+                "retention": dict(self.retention),
+                "retention_evicted_first_blocks": self.retention_evicted_first_blocks,
             }
 
     def flush(self) -> None:
@@ -289,6 +315,22 @@ def _belongs_to_this_server(pid: int) -> bool:
             return True
         parent = _parent_pid(parent)
     return False
+
+
+# Requests this (API server) process refused for malformed retention
+# directives; exported by its collector.
+_refused_directives = 0
+_refused_lock = threading.Lock()
+
+
+def count_refused_directives() -> None:
+    global _refused_directives
+    with _refused_lock:
+        _refused_directives += 1
+
+
+def refused_directives() -> int:
+    return _refused_directives
 
 
 class SnapshotCollector:
@@ -381,8 +423,25 @@ class SnapshotCollector:
             "Conversations started under a session id that already had one (sub-agents, side requests, branches).",
             labels=labels,
         )
+        retention = CounterMetricFamily(
+            PREFIX + "retention_directives",
+            "Requests with retention directives by outcome: accepted (reached the scheduler), honoured (a "
+            "declared hold lasted or its job took it over), overridden (memory took it first); refused "
+            "(HTTP 400, counted by the API server that refused it, engine label 'api').",
+            labels=labels + ["outcome"],
+        )
+        evicted_first = CounterMetricFamily(
+            PREFIX + "retention_evicted_first_blocks",
+            "KV blocks that directives' low priorities sent to the front of the free queue.", labels=labels,
+        )
+        refused = refused_directives()
+        if refused:
+            retention.add_metric(["api", "", "refused"], refused)
         for snap in self._snapshots():
             values = [snap.get("engine", "0"), snap.get("policy", "")]
+            for outcome, count in snap.get("retention", {}).items():
+                retention.add_metric(values + [outcome], count)
+            evicted_first.add_metric(values, snap.get("retention_evicted_first_blocks", 0))
             mismatches.add_metric(values, snap.get("context_mismatches", 0))
             conversations.add_metric(values, snap.get("conversations_started", 0))
             held.add_metric(values, snap.get("admission_held", 0))
@@ -416,4 +475,6 @@ class SnapshotCollector:
             pinned, jobs, created, released, hits, trimmed, ttl, tool, decisions, error, fast, ended, implicit, held,
             mismatches,
             conversations,
+            retention,
+            evicted_first,
         ]

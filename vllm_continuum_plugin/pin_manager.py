@@ -22,6 +22,14 @@ Invariants:
 Release reasons: ``pressure`` only when an allocation fell short
 (:meth:`release_for`), ``cap`` when a newer pin made room under
 ``max_pinned_blocks`` for an older job's pin.
+
+Declared retention (``retention``): a pin may shrink in stages (its tail
+leaves at one deadline, a shorter prefix stays to a later one), and once it
+is held on the client's word alone (past the policy's own TTL, or a pin the
+policy would not have made) it yields first: memory pressure takes such
+pins before any other, and such a pin never makes another give way under
+the cap (it is trimmed to fit instead). What a client declares can cost
+other clients nothing that the plugin's own pins would not.
 """
 
 from __future__ import annotations
@@ -132,31 +140,55 @@ class PinManager:
         tool_key: str,
         speed: str | None = None,
         fence: int | None = None,
+        stages: tuple[tuple[float, int], ...] = (),
+        declared_after_s: float | None = None,
     ) -> Pin | None:
         """Take the finished ``request``'s blocks out of its KV managers and
         pin the hashed ones for ``ttl_s``; the rest is freed at once. Returns
         None when nothing could be pinned (no full block, or no room).
+
+        ``stages`` (a declared retention's ``RetentionPlan.stages``: holds
+        ascending, blocks decreasing) replaces ``ttl_s``: the first
+        ``stages[0][1]`` blocks are pinned for ``stages[0][0]`` seconds,
+        then the pin shrinks stage by stage (one KV group; with several,
+        the first stage is the whole pin). ``declared_after_s``: from then
+        on the pin is held on the client's word alone (module doc).
 
         ``fence``: the step that may still write these blocks (vLLM defers
         frees with async scheduling and a KV-consumer connector). Holding
         them in a pin is safe; whatever leaves the pin before that step is
         processed goes through vLLM's deferred frees."""
         keep_by_group: list[list[Any]] = []
-        for manager in self._kv_cache_manager.coordinator.single_type_managers:
+        managers = self._kv_cache_manager.coordinator.single_type_managers
+        for manager in managers:
             blocks = manager.pop_blocks_for_free(request.request_id)
             # Only blocks with a hash can be found by the next turn's prefix
             # lookup; the partial tail block is of no use to it.
             keep = [b for b in blocks if b.block_hash is not None and not b.is_null]
+            if stages and len(managers) == 1:
+                keep = keep[:stages[0][1]]
             keep_ids = {id(b) for b in keep}
             drop = [b for b in blocks if id(b) not in keep_ids]
             if drop:
                 self._free_blocks(drop, fence)
             keep_by_group.append(keep)
-        keep_by_group = self._fit_under_cap(keep_by_group, job_id, job_first_arrival, fence)
+        declared_only = declared_after_s is not None and declared_after_s <= 0
+        keep_by_group = self._fit_under_cap(keep_by_group, job_id, job_first_arrival, fence,
+                                            displace=not declared_only)
         if not any(keep_by_group):
             self._metrics.on_ttl_decision(0.0)
             return None
         now = self.clock.monotonic()
+        later: list[tuple[float, int]] = []
+        if stages:
+            ttl_s = stages[0][0]
+            if len(keep_by_group) == 1:
+                # The cap may have trimmed the pin into a later stage: its
+                # blocks then hold as long as that stage does.
+                kept = len(keep_by_group[0])
+                first = max(i for i, (_, blocks) in enumerate(stages) if blocks >= kept or i == 0)
+                ttl_s = stages[first][0]
+                later = [(now + hold, blocks) for hold, blocks in stages[first + 1:]]
         pin = Pin(
             job_id=job_id,
             request_id=request.request_id,
@@ -169,6 +201,8 @@ class PinManager:
             speed=speed,
             prefix=PromptPrefix.of_request(request, self._block_size),
             fence=fence,
+            stages=later,
+            declared_from=None if declared_after_s is None else now + declared_after_s,
         )
         self.table.add(pin)
         self._on_pins_changed(job_id)
@@ -180,7 +214,8 @@ class PinManager:
         return pin
 
     def _fit_under_cap(
-        self, keep_by_group: list[list[Any]], job_id: str, job_first_arrival: float, fence: int | None = None
+        self, keep_by_group: list[list[Any]], job_id: str, job_first_arrival: float, fence: int | None = None,
+        displace: bool = True,
     ) -> list[list[Any]]:
         """Make room under the pin cap, or shrink the pin to fit.
 
@@ -189,11 +224,20 @@ class PinManager:
         that arrived later than this one give way first (job-level FCFS;
         release reason ``cap``); what still does not fit is trimmed from the
         tail, so a shared prefix is kept (single KV group), or not pinned at
-        all (several groups, which must stay consistent).
+        all (several groups, which must stay consistent). A pin held on a
+        client's word alone (``displace`` False) makes nobody give way; any
+        other makes such pins give way first, whoever arrived first.
         """
         table = self.table
         needed = table.new_blocks(keep_by_group)
-        while table.num_pinned_blocks + needed > self.max_pinned_blocks:
+        now = self.clock.monotonic()
+        while displace and table.num_pinned_blocks + needed > self.max_pinned_blocks:
+            declared = table.latest_declared_pin(now, exclude_job=job_id)
+            if declared is None:
+                break
+            self.release(declared.job_id, "cap")
+            needed = table.new_blocks(keep_by_group)
+        while displace and table.num_pinned_blocks + needed > self.max_pinned_blocks:
             victim = table.latest_job_pin(exclude_job=job_id)
             if victim is None or victim.job_first_arrival <= job_first_arrival:
                 break
@@ -261,6 +305,10 @@ class PinManager:
         for group in pin.blocks_by_group:
             if group:
                 self._free_blocks(group, pin.fence)
+        if pin.declared_from is not None:
+            # Honoured: it lasted its declared hold or its job came back for
+            # it; overridden: memory (pressure, the cap) took it first.
+            self._metrics.on_declared_release(reason in ("handoff", "ttl"))
         if reason != "handoff":
             # After a hand-off the job's prefix is held by its running turn,
             # so its other waiting turns (overlapping requests) keep the
@@ -276,10 +324,19 @@ class PinManager:
 
     def release_expired(self) -> int:
         """Release pins past their deadline whose job has no turn waiting
-        (a waiting turn takes the blocks over at admission instead)."""
+        (a waiting turn takes the blocks over at admission instead); a pin
+        with a later stage shrinks to it instead (its tail goes as a TTL
+        release does: offloaded when there is a store, then freed)."""
         released = 0
         for pin in self.table.expired(self.clock.monotonic()):
             if self._has_waiting_turn(pin.job_id):
+                continue
+            if pin.stages:
+                dropped = self.table.shrink(pin)
+                self._offload_blocks(dropped, pin.job_id)
+                self._free_blocks(dropped, pin.fence)
+                logger.debug("continuum: pin of job %s shrank to %d blocks until its declared stage ends",
+                             pin.job_id, pin.num_blocks)
                 continue
             released += self.release(pin.job_id, "ttl")
         return released
@@ -302,10 +359,16 @@ class PinManager:
 
         ``any_pin`` lets every other job's pin go; otherwise only pins of
         jobs that arrived after ``own_arrival`` (job-level FCFS applied to
-        memory). ``own_job``'s pin is never released here.
+        memory). ``own_job``'s pin is never released here. Pins held on a
+        client's word alone go first, whoever's turn asks.
         """
         result = None
         while result is None:
+            victim = self.table.latest_declared_pin(self.clock.monotonic(), exclude_job=own_job)
+            if victim is not None:
+                self.release(victim.job_id, "pressure")
+                result = retry()
+                continue
             victim = self.table.latest_job_pin(exclude_job=own_job)
             if victim is None or (not any_pin and victim.job_first_arrival <= own_arrival):
                 break

@@ -55,10 +55,22 @@ class Pin:
     # The engine step that may still write these blocks when they were
     # pinned (vLLM's deferred frees), else None.
     fence: int | None = None
+    # Declared retention (``retention``): later ``(deadline, blocks)``
+    # stages, deadlines ascending, blocks decreasing: at ``deadline`` the
+    # pin shrinks to its first ``blocks`` blocks (one KV group only).
+    stages: list[tuple[float, int]] = field(default_factory=list)
+    # From this monotonic time on the pin is held on the client's word
+    # alone (past the policy's own TTL): memory pressure takes it before
+    # any pin the policy made, and it never makes another pin give way.
+    declared_from: float | None = None
     num_blocks: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.num_blocks = sum(len(g) for g in self.blocks_by_group)
+
+    def declared_at(self, now: float) -> bool:
+        """Is the pin held on the client's word alone at ``now``?"""
+        return self.declared_from is not None and now >= self.declared_from
 
 
 def continues(pin: Pin, block_hashes: Any) -> bool:
@@ -139,12 +151,44 @@ class PinTable:
             self._maybe_compact()
         return pin
 
+    def shrink(self, pin: Pin) -> list[Any]:
+        """Move a live ``pin`` to its next stage: keep its first blocks
+        (group 0), take the next deadline; returns the blocks it let go
+        (the caller frees them; blocks another pin holds stay held)."""
+        deadline, blocks = pin.stages.pop(0)
+        group = pin.blocks_by_group[0]
+        dropped = group[blocks:]
+        del group[blocks:]
+        holders = self._holders
+        for block in dropped:
+            key = id(block)
+            left = holders[key] - 1
+            if left:
+                holders[key] = left
+            else:
+                del holders[key]
+        pin.num_blocks = sum(len(g) for g in pin.blocks_by_group)
+        pin.deadline = deadline
+        heapq.heappush(self._by_deadline, (deadline, next(self._seq), pin))
+        return dropped
+
+    def latest_declared_pin(self, now: float, exclude_job: str | None = None) -> Pin | None:
+        """The latest-arriving job's pin among those held on the client's
+        word alone at ``now`` (O(pins): only on a failed allocation)."""
+        declared = [p for p in self._by_job.values() if p.job_id != exclude_job and p.declared_at(now)]
+        return max(declared, key=lambda p: p.job_first_arrival, default=None)
+
     def _is_live(self, pin: Pin) -> bool:
         return self._by_job.get(pin.job_id) is pin
 
+    def _is_current(self, entry: tuple[float, int, Pin]) -> bool:
+        """A deadline entry of a live pin that still has that deadline (a
+        pin that moved to its next stage left an entry behind)."""
+        return self._is_live(entry[2]) and entry[0] == entry[2].deadline
+
     def next_deadline(self) -> float | None:
         heap = self._by_deadline
-        while heap and not self._is_live(heap[0][2]):
+        while heap and not self._is_current(heap[0]):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
@@ -153,9 +197,9 @@ class PinTable:
         result: list[Pin] = []
         heap = self._by_deadline
         while heap and heap[0][0] <= now:
-            _, _, pin = heapq.heappop(heap)
-            if self._is_live(pin):
-                result.append(pin)
+            entry = heapq.heappop(heap)
+            if self._is_current(entry) and entry[2] not in result:
+                result.append(entry[2])
         # Re-insert: the caller decides which of them to pop (a pin whose job
         # has a turn waiting is kept until the hand-off).
         for pin in result:
@@ -187,6 +231,6 @@ class PinTable:
         for name in ("_by_deadline", "_by_lateness"):
             heap = getattr(self, name)
             if len(heap) > 2 * live + 64:
-                kept = [e for e in heap if self._is_live(e[2])]
+                kept = [e for e in heap if self._is_live(e[2])]  # (a stale stage entry is skipped on pop)
                 heapq.heapify(kept)
                 setattr(self, name, kept)

@@ -176,6 +176,14 @@ def _patch_anthropic_messages(module: ModuleType) -> None:
         patch_anthropic_messages(cls)
 
 
+def _patch_anthropic_protocol(module: ModuleType) -> None:
+    from .api_metadata import keep_extra_fields
+
+    cls = getattr(module, "AnthropicMessagesRequest", None)
+    if isinstance(cls, type):
+        keep_extra_fields(cls)
+
+
 def _patch_metrics_router(module: ModuleType) -> None:
     """With several API servers vLLM serves /metrics from a multiprocess
     registry instead of the default one; add our collector there too."""
@@ -203,6 +211,7 @@ _POST_IMPORT_PATCHES.update(
         "vllm.entrypoints.openai.completion.protocol": _patch_protocol,
         "vllm.entrypoints.openai.responses.protocol": _patch_protocol,
         "vllm.entrypoints.generate.base.serving": _patch_session_lookup,
+        "vllm.entrypoints.anthropic.protocol": _patch_anthropic_protocol,
         "vllm.entrypoints.anthropic.serving": _patch_anthropic_messages,
         "vllm.entrypoints.serve.instrumentator.metrics": _patch_metrics_router,
     }

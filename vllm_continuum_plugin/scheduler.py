@@ -86,6 +86,7 @@ from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
 from .decisions import Decider, make_decider
+from .declared_holds import DeclaredHolds
 from .estimators.parser import NO_TOOL_KEY, ToolCall
 from .estimators.prefill import PrefillCostModel, PrefillTimer
 from .estimators.round_trip import RoundTripOverhead
@@ -228,6 +229,11 @@ class ContinuumSchedulerMixin:
             self.replies, self.jobs, self.pins, frozenset(cfg.finish_action_list),
             TurnRules(implicit_jobs=self.implicit_jobs is not None, pinning=self.pinning_enabled),
             beside_an_agent=lambda key: self.conversations.beside_an_agent(key, self.jobs.get),
+        )
+        # A finished request's declared retention (retention directives).
+        self.declared = DeclaredHolds(
+            self.kv_cache_manager, self.pins, self.continuum_metrics, self.block_size, cfg.retention_max_s,
+            rank=self.order.ranked_arrival, free=self._stock_free,
         )
         self.soft_pins = SoftPins(
             self, self.pins, self.order,
@@ -444,7 +450,8 @@ class ContinuumSchedulerMixin:
         turn, call = self.turns.read(request)
         outcome = decide_turn(turn, self.turns.rules)
         if outcome.kind is TurnOutcomeKind.STOCK:
-            super()._free_request_blocks(request)  # type: ignore[misc]
+            if not self.declared.apply(request, None, 0.0):
+                super()._free_request_blocks(request)  # type: ignore[misc]
         elif outcome.kind is TurnOutcomeKind.END_JOB:
             assert turn.reply is not None
             self._end_job(request, outcome, turn.reply.normal, turn.pin is PinRelation.CONTINUED)
@@ -476,7 +483,8 @@ class ContinuumSchedulerMixin:
             )
         if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
             self._holds_nothing(job_id)
-            super()._free_request_blocks(request)  # type: ignore[misc]
+            if not self.declared.apply(request, None, 0.0):
+                super()._free_request_blocks(request)  # type: ignore[misc]
             return
         # With async scheduling and a KV-consumer connector (the default GPU
         # set-up with offloading), an in-flight step may still write these
@@ -499,7 +507,8 @@ class ContinuumSchedulerMixin:
             # another branch): it stays, this turn is served as stock.
             logger.debug("continuum: request %s names job %s but does not continue its pin; not pinned",
                          request.request_id, job_id)
-            super()._free_request_blocks(request)  # type: ignore[misc]
+            if not self.declared.apply(request, None, 0.0):
+                super()._free_request_blocks(request)  # type: ignore[misc]
             return
         if outcome.supersedes_pin:  # a newer turn of the same context
             self.pins.release(job_id, "handoff")
@@ -508,11 +517,17 @@ class ContinuumSchedulerMixin:
             self.continuum_metrics.on_ttl_decision(0.0)
             if self.offload is not None:  # SLOW tool: reload later, not recompute
                 self.offload.save_request(request, hold_job=job_id)
-            super()._free_request_blocks(request)  # type: ignore[misc]
+            if not self.declared.apply(request, None, 0.0):
+                super()._free_request_blocks(request)  # type: ignore[misc]
+            return
+        if self.declared.apply(request, job_id, decision.ttl_s, tool_key, fence):
             return
         self.pins.pin(
             request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
         )
+
+    def _stock_free(self, request: Request) -> None:
+        super()._free_request_blocks(request)  # type: ignore[misc]
 
     def _holds_nothing(self, job_id: str) -> None:
         """The job's finished turn keeps no blocks (its TTL chose not to
@@ -537,6 +552,8 @@ class ContinuumSchedulerMixin:
                          forget_state=ends)
         if ends and self.offload is not None:
             self.offload.demote_request(request)  # nobody reloads a finished job's context
+        if self.declared.apply(request, None, 0.0):
+            return
         if not ends or shared_tokens is None:  # retried, followed up: LRU as usual
             super()._free_request_blocks(request)  # type: ignore[misc]
             return

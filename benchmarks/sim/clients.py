@@ -28,9 +28,19 @@ three axes:
   before a user's reply; ``prose``: text with no tool call ever (what a
   model answers to AIPerf's synthetic prompts).
 
+A fourth axis, **retention** -- ``none``, or ``continuum-policy``: every
+request carries retention directives (vLLM PR #38514's shape) as that PR's
+own benchmark's "ContinuumPolicy" writes them: the system prompt (the
+prompt's first segment) at priority 90, the history (up to the previous
+prompt's length) at 70, the tail at 50; durations from the think time the
+client will spend before its next turn (it knows it: the best a client can
+declare), the system prompt's for ``SYSTEM_HOLD_S``; on a job's last turn
+only the system prompt (:func:`retention_directives`).
+
 Named profiles (:data:`CLIENTS`): ``tagged`` (today's replay: tagged,
 exact, scripted), ``headers-only`` (session, exact, calls), ``aiperf``
-(session, aiperf, prose), ``reasoning`` (session, reasoning, calls).
+(session, aiperf, prose), ``reasoning`` (session, reasoning, calls),
+``directives`` (``headers-only`` plus continuum-policy directives).
 
 The profiles change only what a job's turns send; arrivals, turn counts,
 token counts of new content and tool times are the same under every
@@ -58,6 +68,7 @@ __all__ = [
     "parse_clients",
     "reply_segments",
     "request_metadata",
+    "retention_directives",
     "split_reasoning",
     "trace_tool_call",
 ]
@@ -65,6 +76,11 @@ __all__ = [
 _METADATA = ("tagged", "session")
 _HISTORY = ("exact", "aiperf", "reasoning")
 _REPLIES = ("scripted", "calls", "prose")
+_RETENTION = ("none", "continuum-policy")
+# vLLM PR #38514's benchmark's "ContinuumPolicy" priorities, and how long a
+# directive keeps the system prompt (shared by every session).
+SYSTEM_PRIORITY, HISTORY_PRIORITY, TAIL_PRIORITY = 90, 70, 50
+SYSTEM_HOLD_S = 600.0
 
 # Share of a reply's tokens that is reasoning (``reasoning`` history): the
 # rest is the answer (and its tool call) the next prompt keeps.
@@ -88,10 +104,11 @@ class ClientProfile:
     metadata: str = "tagged"
     history: str = "exact"
     replies: str = "scripted"
+    retention: str = "none"
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("metadata", self.metadata, _METADATA), ("history", self.history, _HISTORY),
-                                      ("replies", self.replies, _REPLIES)):
+                                      ("replies", self.replies, _REPLIES), ("retention", self.retention, _RETENTION)):
             if value not in allowed:
                 raise ValueError(f"ClientProfile {self.name!r}: {field} must be one of {allowed}, got {value!r}")
         if self.replies == "scripted" and self.history != "exact":
@@ -109,6 +126,7 @@ CLIENTS: dict[str, ClientProfile] = {
     "headers-only": ClientProfile("headers-only", "session", "exact", "calls"),
     "aiperf": ClientProfile("aiperf", "session", "aiperf", "prose"),
     "reasoning": ClientProfile("reasoning", "session", "reasoning", "calls"),
+    "directives": ClientProfile("directives", "session", "exact", "calls", "continuum-policy"),
 }
 TAGGED = CLIENTS["tagged"]
 
@@ -140,6 +158,25 @@ def request_metadata(
     if tool_name and not last:
         extra["tool_name"] = tool_name
     return extra, None
+
+
+def retention_directives(system_tokens: int, previous_tokens: int, prompt_tokens: int, next_think_s: float | None,
+                         ) -> list[dict[str, Any]]:
+    """The continuum-policy directives of a request whose prompt holds
+    ``prompt_tokens`` tokens, the first ``system_tokens`` its system prompt,
+    the first ``previous_tokens`` the previous turn's prompt (0 on a first
+    turn); ``next_think_s``: the think time before the job's next turn (None:
+    this is its last turn, only the system prompt is declared)."""
+    system = min(system_tokens, prompt_tokens)
+    out = [{"start": 0, "end": system, "priority": SYSTEM_PRIORITY, "duration": SYSTEM_HOLD_S}] if system else []
+    if next_think_s is None:
+        return out
+    history = min(max(previous_tokens, system), prompt_tokens)
+    if history > system:
+        out.append({"start": system, "end": history, "priority": HISTORY_PRIORITY, "duration": next_think_s})
+    if prompt_tokens > history:
+        out.append({"start": history, "end": prompt_tokens, "priority": TAIL_PRIORITY, "duration": next_think_s})
+    return out
 
 
 # ----------------------------------------------------------------------

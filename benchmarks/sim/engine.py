@@ -48,7 +48,7 @@ from vllm.v1.request import Request
 from vllm_continuum_plugin.clock import ManualClock
 
 from .batch import BatchShape, PrefillChunk
-from .clients import TAGGED, ClientProfile, request_metadata
+from .clients import TAGGED, ClientProfile, request_metadata, retention_directives
 from .jobs import Segment, SimJob, TokenBook
 from .offload import OffloadCopies
 
@@ -292,6 +292,12 @@ class ReplayEngine:
         session: str | None = None
         if self.send_metadata:
             extra, session = request_metadata(self.client, job.job_id, last, turn.tool_name, job.session)
+            if self.client.retention == "continuum-policy":
+                previous = self._prompts.get(job_index)
+                directives = retention_directives(
+                    turn.prompt[0].length, len(previous[1]) if previous else 0, turn.prompt_tokens,
+                    None if last else job.turns[turn_index + 1].think_s)
+                extra = {**(extra or {}), "retention_directives": directives}
         params = SamplingParams(max_tokens=turn.output_tokens, ignore_eos=True, extra_args=extra)
         request_id = f"{job.job_id}#{turn_index}"
         prompt = self.book.prompt(turn.prompt, self._prompts.get(job_index))
