@@ -139,17 +139,21 @@ class PinTable:
     def pop(self, job_id: str) -> Pin | None:
         pin = self._by_job.pop(job_id, None)
         if pin is not None:
-            holders = self._holders
             for group in pin.blocks_by_group:
-                for block in group:
-                    key = id(block)
-                    left = holders[key] - 1
-                    if left:
-                        holders[key] = left
-                    else:
-                        del holders[key]
+                self._let_go(group)
             self._maybe_compact()
         return pin
+
+    def _let_go(self, blocks: list[Any]) -> None:
+        """One live pin no longer holds ``blocks``."""
+        holders = self._holders
+        for block in blocks:
+            key = id(block)
+            left = holders[key] - 1
+            if left:
+                holders[key] = left
+            else:
+                del holders[key]
 
     def shrink(self, pin: Pin) -> list[Any]:
         """Move a live ``pin`` to its next stage: keep its first blocks
@@ -159,14 +163,7 @@ class PinTable:
         group = pin.blocks_by_group[0]
         dropped = group[blocks:]
         del group[blocks:]
-        holders = self._holders
-        for block in dropped:
-            key = id(block)
-            left = holders[key] - 1
-            if left:
-                holders[key] = left
-            else:
-                del holders[key]
+        self._let_go(dropped)
         pin.num_blocks = sum(len(g) for g in pin.blocks_by_group)
         pin.deadline = deadline
         heapq.heappush(self._by_deadline, (deadline, next(self._seq), pin))
