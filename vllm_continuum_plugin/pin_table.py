@@ -228,6 +228,6 @@ class PinTable:
         for name in ("_by_deadline", "_by_lateness"):
             heap = getattr(self, name)
             if len(heap) > 2 * live + 64:
-                kept = [e for e in heap if self._is_live(e[2])]  # (a stale stage entry is skipped on pop)
+                kept = [e for e in heap if self._is_live(e[2])]
                 heapq.heapify(kept)
                 setattr(self, name, kept)

@@ -450,8 +450,7 @@ class ContinuumSchedulerMixin:
         turn, call = self.turns.read(request)
         outcome = decide_turn(turn, self.turns.rules)
         if outcome.kind is TurnOutcomeKind.STOCK:
-            if not self.declared.apply(request, None, 0.0):
-                super()._free_request_blocks(request)  # type: ignore[misc]
+            self.declared.free(request)
         elif outcome.kind is TurnOutcomeKind.END_JOB:
             assert turn.reply is not None
             self._end_job(request, outcome, turn.reply.normal, turn.pin is PinRelation.CONTINUED)
@@ -483,8 +482,7 @@ class ContinuumSchedulerMixin:
             )
         if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
             self._holds_nothing(job_id)
-            if not self.declared.apply(request, None, 0.0):
-                super()._free_request_blocks(request)  # type: ignore[misc]
+            self.declared.free(request)
             return
         # With async scheduling and a KV-consumer connector (the default GPU
         # set-up with offloading), an in-flight step may still write these
@@ -507,8 +505,7 @@ class ContinuumSchedulerMixin:
             # another branch): it stays, this turn is served as stock.
             logger.debug("continuum: request %s names job %s but does not continue its pin; not pinned",
                          request.request_id, job_id)
-            if not self.declared.apply(request, None, 0.0):
-                super()._free_request_blocks(request)  # type: ignore[misc]
+            self.declared.free(request)
             return
         if outcome.supersedes_pin:  # a newer turn of the same context
             self.pins.release(job_id, "handoff")
@@ -517,8 +514,7 @@ class ContinuumSchedulerMixin:
             self.continuum_metrics.on_ttl_decision(0.0)
             if self.offload is not None:  # SLOW tool: reload later, not recompute
                 self.offload.save_request(request, hold_job=job_id)
-            if not self.declared.apply(request, None, 0.0):
-                super()._free_request_blocks(request)  # type: ignore[misc]
+            self.declared.free(request)
             return
         if self.declared.apply(request, job_id, decision.ttl_s, tool_key, fence):
             return
