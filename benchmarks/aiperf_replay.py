@@ -60,6 +60,10 @@ JCT = last request end - first request start (grouped by AIPerf's
 server's prefix-cache hit share (``vllm:prefix_cache_hits_total`` /
 ``vllm:prefix_cache_queries_total`` deltas over the arm). One summary line
 per arm on stdout, ``results.json`` in the run directory, progress on stderr.
+A replay into a run directory that already holds a ``results.json`` of the
+same sessions, pool and machine keeps that file's other arms (each arm
+records the commit it ran), so a run can be completed arm by arm; one of
+another workload is refused.
 
 AIPerf lives in its own venv (``~/.venvs/vllm-continuum-aiperf``, override
 with ``CONTINUUM_AIPERF_VENV`` or ``--aiperf``), pinned to aiperf==0.13.0.
@@ -91,7 +95,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -502,6 +506,34 @@ def _commit() -> str | None:
     return out.stdout.strip() or None
 
 
+# What must match for two replays' arms to share one results.json: the same
+# sessions (sizes, turns, think times) over the same pool on the same CPU.
+_SAME_RUN_KEYS = ("cpu", "dtype", "aiperf_version", "num_blocks", "block_size", "max_model_len", "sessions")
+
+
+def previous_arms(path: str, results: Mapping[str, Any], names: set[str]) -> list[dict[str, Any]]:
+    """The arms of an earlier replay into the same run directory that this
+    one keeps: every arm not named again and not failed, so a run can be
+    completed arm by arm (a later arm records its own ``commit``). Raises
+    ValueError naming the first difference when the earlier replay ran
+    another workload, pool or machine: its arms would not compare."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        old = json.load(f)
+    for key in _SAME_RUN_KEYS:
+        if old.get(key) != results.get(key):
+            raise ValueError(f"{path} holds a replay with another {key!r} ({str(old.get(key))[:80]} != "
+                             f"{str(results.get(key))[:80]}); pick another --out")
+    kept = []
+    for arm in old.get("arms", []):
+        if arm.get("policy") in names or "error" in arm:
+            continue
+        arm.setdefault("commit", old.get("commit"))
+        kept.append(arm)
+    return kept
+
+
 def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -557,8 +589,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aiperf not found at {args.aiperf}: install it (pip install aiperf=={AIPERF_VERSION}) "
               "in its own venv, see scripts/setup.sh", file=sys.stderr)
         return 2
+    commit = _commit()
     results: dict[str, Any] = {
-        "cpu": cpu_name(), "dtype": args.dtype, "aiperf_version": version, "commit": _commit(),
+        "cpu": cpu_name(), "dtype": args.dtype, "aiperf_version": version, "commit": commit,
         "config": {k: v for k, v in vars(args).items()},
         "num_blocks": plan.num_blocks, "block_size": SERVER_BLOCK, "max_model_len": plan.max_model_len,
         "sessions": [{"id": s["id"], "source": src, "turns": len(s["requests"]),
@@ -568,6 +601,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gpu_command": gpu,
         "arms": [],
     }
+    path = os.path.join(run_dir, "results.json")
+    try:
+        kept = previous_arms(path, results, {arm.name for arm in arms})
+    except ValueError as e:
+        print(f"--out {run_dir}: {e}", file=sys.stderr)
+        return 2
+    if kept:
+        log(f"keeping {len(kept)} arm(s) of {path}: {', '.join(a['policy'] for a in kept)}")
+    results["arms"] = kept
     lines = []
     failed = False
     for arm in arms:
@@ -581,13 +623,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed = True
             continue
         summary["arm_wall_s"] = time.monotonic() - t
+        summary["commit"] = commit
         results["arms"].append(summary)
         line = format_summary(summary)
         lines.append(line)
         log(f"[{policy}] done in {summary['arm_wall_s']:.0f}s")
         print(line, flush=True)
         failed |= bool(summary["failed"] or summary["incomplete_sessions"])
-    path = os.path.join(run_dir, "results.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1, default=str)
     print(f"CPU: {cpu_name()}; dtype {args.dtype}; AIPerf {version}; pool {plan.num_blocks} x {SERVER_BLOCK} "

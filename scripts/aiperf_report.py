@@ -14,7 +14,10 @@ FCFS -> oracle gap each arm closes, per run and pooled over the runs
 
 Arguments after ``--`` go to the replay (``--policies`` is set from
 ``--arms``). ``--only-report`` re-renders the page from the run directories
-already under ``--out-root``.
+already under ``--out-root``; ``--resume`` runs in each run directory only
+the arms its ``results.json`` lacks (or that failed there), keeping the
+others (the replay refuses a directory of another workload). The page names
+the commits its arms ran and pools each arm over the runs it has.
 """
 
 from __future__ import annotations
@@ -51,12 +54,54 @@ def load(run_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def missing_arms(run_dir: Path, arms: list[str]) -> list[str]:
+    """The arms of ``arms`` that ``run_dir`` has no result for (or a failed one)."""
+    path = run_dir / "results.json"
+    if not path.exists():
+        return list(arms)
+    done = {a["policy"] for a in json.loads(path.read_text()).get("arms", []) if "error" not in a}
+    return [a for a in arms if a not in done]
+
+
+def commits(results: list[dict[str, Any]]) -> list[str]:
+    """Every commit an arm of these runs ran, oldest run first."""
+    seen: list[str] = []
+    for r in results:
+        for c in [a.get("commit", r.get("commit")) for a in r["arms"]] or [r.get("commit")]:
+            if str(c) not in seen:
+                seen.append(str(c))
+    return seen
+
+
+def commit_note(results: list[dict[str, Any]]) -> str:
+    """Which runs' arms ran which commit, when they are not all one."""
+    by_commit: dict[str, list[str]] = {}
+    for i, r in enumerate(results):
+        for a in r["arms"]:
+            by_commit.setdefault(str(a.get("commit", r.get("commit"))), []).append(f"{a['policy']} (run {i + 1})")
+    if len(by_commit) < 2:
+        return ""
+    return "Arms by commit: " + "; ".join(f"{c}: {', '.join(arms)}" for c, arms in by_commit.items()) + "."
+
+
 def mean_jct(arm: dict[str, Any]) -> float | None:
     return arm["jct_s"]["mean"] if arm.get("jct_s") else None
 
 
 def gap_share(fcfs: float, oracle: float, value: float) -> float | None:
     return (fcfs - value) / (fcfs - oracle) if fcfs > oracle else None
+
+
+def pooled_share(totals: dict[str, list[float | None]], arm: str) -> tuple[list[float | None], float | None]:
+    """The arm's gap share per run and pooled, over the runs in which it,
+    fcfs and the oracle all have a result (an arm added to some runs only
+    is pooled over those)."""
+    fc, orc, values = totals.get("fcfs") or [], totals.get("oracle") or [], totals[arm]
+    runs = [(f, o, v) for f, o, v in zip(fc, orc, values) if None not in (f, o, v)]
+    if not runs:
+        return [], None
+    shares = [gap_share(f, o, v) for f, o, v in runs]
+    return shares, gap_share(sum(r[0] for r in runs), sum(r[1] for r in runs), sum(r[2] for r in runs))
 
 
 def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
@@ -71,7 +116,7 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
         f"Written by `{command}`.",
         "",
         f"Machine: {first['cpu']}, {first['dtype']}; NVIDIA AIPerf {first['aiperf_version']}; "
-        f"commit {', '.join(sorted({str(r.get('commit')) for r in results}))}; "
+        f"commit {', '.join(commits(results))}; "
         f"the embedded SmolLM2-135M served by `vllm serve`, one fresh server per arm and run.",
         f"{sessions} sessions of the shipped kv-cache-tester Claude Code traces, {turns} requests in all "
         f"(prompts / {first['config']['merge']}, think times capped at {first['config']['max_think']:g} s), "
@@ -86,20 +131,19 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
         "|---|" + "---|" * n + "---|---|---|",
     ]
     totals = {arm: [mean_jct(run[arm]) if arm in run else None for run in by_run] for arm in arms}
-    fc, orc = totals.get("fcfs"), totals.get("oracle")
     for arm in arms:
         values = totals[arm]
-        cells = [f"{v:.1f}" if v is not None else "failed" for v in values]
-        shares = []
-        pooled = "-"
-        if fc and orc and all(v is not None for v in fc + orc + values):
-            shares = [gap_share(f, o, v) for f, o, v in zip(fc, orc, values)]
-            p = gap_share(sum(fc), sum(orc), sum(values))
-            pooled = f"{p:+.0%}" if p is not None else "-"
+        cells = [f"{v:.1f}" if v is not None else ("failed" if arm in run else "-")
+                 for v, run in zip(values, by_run)]
+        shares, pooled = pooled_share(totals, arm)
         per_run = ", ".join(f"{s:+.0%}" for s in shares if s is not None) or "-"
+        pooled = f"{pooled:+.0%}" if pooled is not None else "-"
         hits = [run[arm].get("prefix_cache_hit_share") for run in by_run if arm in run]
         hit_text = ", ".join(f"{h:.0%}" for h in hits if h is not None) or "-"
         lines.append(f"| {arm} | " + " | ".join(cells) + f" | {per_run} | {pooled} | {hit_text} |")
+    note = commit_note(results)
+    if note:
+        lines += ["", note]
     lines += [
         "",
         "How the plugin read the sessions (server counters over the arm, run 1; requests"
@@ -125,7 +169,8 @@ def readme_block(results: list[dict[str, Any]], arms: list[str]) -> str:
     """The README's summary: mean JCT over the runs and the pooled gap share."""
     first = results[0]
     by_run = [{a["policy"]: a for a in r["arms"] if "error" not in a} for r in results]
-    means = {arm: [mean_jct(run[arm]) for run in by_run if arm in run] for arm in arms}
+    means = {arm: [mean_jct(run[arm]) if arm in run else None for run in by_run]
+             for arm in [*arms, "fcfs", "oracle"]}
     lines = [
         README_BEGIN,
         f"Live replay by NVIDIA AIPerf {first['aiperf_version']} of {len(first['sessions'])} real Claude Code "
@@ -133,20 +178,17 @@ def readme_block(results: list[dict[str, Any]], arms: list[str]) -> str:
         f"prompts rebuilt from the traces' hash blocks), {first['cpu']}, {first['dtype']}, "
         f"{len(results)} run(s); full table: [docs/aiperf.md](docs/aiperf.md).",
         "",
-        "| arm | mean session JCT, mean of runs | FCFS -> oracle gap closed (pooled) |",
-        "|---|---|---|",
+        "| arm | runs | mean session JCT, mean of runs | FCFS -> oracle gap closed (pooled) |",
+        "|---|---|---|---|",
     ]
-    fc, orc = means.get("fcfs") or [], means.get("oracle") or []
     for arm in arms:
-        values = means[arm]
-        if not values or any(v is None for v in values):
-            lines.append(f"| {arm} | failed | - |")
+        values = [v for v in means[arm] if v is not None]
+        if not values:
+            lines.append(f"| {arm} | 0 | failed | - |")
             continue
-        share = "-"
-        if len(fc) == len(orc) == len(values) and all(v is not None for v in fc + orc):
-            g = gap_share(sum(fc), sum(orc), sum(values))
-            share = f"{g:+.0%}" if g is not None else "-"
-        lines.append(f"| {arm} | {sum(values) / len(values):.1f} s | {share} |")
+        _, g = pooled_share(means, arm)
+        share = f"{g:+.0%}" if g is not None else "-"
+        lines.append(f"| {arm} | {len(values)} | {sum(values) / len(values):.1f} s | {share} |")
     lines.append(README_END)
     return "\n".join(lines)
 
@@ -197,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=REPO / "README.md",
                         help="README whose aiperf-report block gets the summary (default: %(default)s)")
     parser.add_argument("--only-report", action="store_true", help="render from existing run directories")
+    parser.add_argument("--resume", action="store_true",
+                        help="run in each run directory only the arms it has no result for (keeps the others)")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be >= 1, got {args.runs}")
@@ -204,8 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     dirs = run_dirs(args.out_root, args.runs)
     if not args.only_report:
         for i, d in enumerate(dirs):
-            print(f"[aiperf-report] run {i + 1}/{len(dirs)}", file=sys.stderr, flush=True)
-            replay(d, ",".join(arms), replay_args)  # a failed arm is reported in the page
+            todo = missing_arms(d, arms) if args.resume else arms
+            print(f"[aiperf-report] run {i + 1}/{len(dirs)}: {', '.join(todo) or 'complete'}",
+                  file=sys.stderr, flush=True)
+            if todo:
+                replay(d, ",".join(todo), replay_args)  # a failed arm is reported in the page
     results = [load(d) for d in dirs]
     command = "python scripts/aiperf_report.py " + shlex.join(
         [f"--runs={args.runs}", f"--arms={args.arms}"] + (["--", *replay_args] if replay_args else []))

@@ -410,4 +410,43 @@ def test_the_report_pools_the_gap_share_over_runs_and_writes_the_readme_block(tm
     aiperf_report.update_readme(readme, aiperf_report.readme_block(results, ["fcfs", "continuum", "oracle"]))
     body = readme.read_text()
     assert body.startswith("intro\n") and body.endswith("outro\n") and "old" not in body
-    assert "| continuum | 150.0 s | +67% |" in body
+    assert "| continuum | 2 | 150.0 s | +67% |" in body
+
+
+def test_a_run_is_completed_arm_by_arm_and_pooled_over_the_runs_each_arm_has(tmp_path):
+    """--resume runs only what a run lacks; a replay into the run keeps the
+    other arms when the workload matches and refuses another workload; an arm
+    added to some runs only is pooled over those."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import aiperf_report
+    finally:
+        sys.path.pop(0)
+    base = {"cpu": "Test CPU", "dtype": "float32", "aiperf_version": "0.13.0", "num_blocks": 600, "block_size": 32,
+            "max_model_len": 4096, "sessions": [{"turns": 15}] * 24, "commit": "old1234",
+            "config": {"merge": 16, "max_think": 5.0}}
+
+    def arm(name, jct, **extra):
+        return {"policy": name, "jct_s": {"mean": jct}, "prefix_cache_hit_share": 0.5, "failed": 0, **extra}
+
+    run = tmp_path / "run1"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(
+        {**base, "arms": [arm("fcfs", 300.0), arm("continuum", 150.0), {"policy": "oracle", "error": "boom"}]}))
+    assert aiperf_report.missing_arms(run, ["fcfs", "continuum", "oracle", "continuum-paper"]) == [
+        "oracle", "continuum-paper"]
+    kept = ar.previous_arms(str(run / "results.json"), {**base, "commit": "new5678"}, {"continuum"})
+    assert [a["policy"] for a in kept] == ["fcfs"] and kept[0]["commit"] == "old1234"
+    with pytest.raises(ValueError, match="'num_blocks'"):
+        ar.previous_arms(str(run / "results.json"), {**base, "num_blocks": 300}, set())
+
+    results = [
+        {**base, "arms": [arm("fcfs", 300.0), arm("continuum", 150.0), arm("oracle", 100.0)]},
+        {**base, "arms": [arm("fcfs", 200.0), arm("continuum", 150.0), arm("oracle", 100.0),
+                          arm("continuum-paper", 175.0, commit="new5678")]},
+    ]
+    text = aiperf_report.render(results, ["fcfs", "continuum", "oracle", "continuum-paper"], "cmd")
+    assert "| continuum-paper | - | 175.0 | +25% | +25% |" in text
+    assert "new5678: continuum-paper (run 2)" in text
+    block = aiperf_report.readme_block(results, ["fcfs", "continuum", "continuum-paper"])
+    assert "| continuum-paper | 1 | 175.0 s | +25% |" in block
