@@ -78,6 +78,7 @@ class TurnRecord:
     arrival_s: float
     prompt_tokens: int
     reusable_tokens: int  # what a pool that never evicts would hold (prefix shared with the previous turn)
+    output_tokens: int = 0
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -315,7 +316,7 @@ class ReplayEngine:
         # prompt's last token: what any pool could serve is rounded so.
         bs = self.block_size
         reusable = min(job.reusable_tokens(turn_index), (turn.prompt_tokens - 1) // bs * bs) // bs * bs
-        record = TurnRecord(job.job_id, turn_index, self.now(), turn.prompt_tokens, reusable)
+        record = TurnRecord(job.job_id, turn_index, self.now(), turn.prompt_tokens, reusable, turn.output_tokens)
         self._live[request_id] = _Live(job_index, turn_index, request, job.reply_tokens(turn_index, self.book), record)
         self.scheduler.add_request(request)
 

@@ -51,6 +51,10 @@ class ArmSummary:
     loaded_tokens: int = 0  # KV reloaded from host memory (offload arms)
     stored_tokens: int = 0
     gap_closed: float | None = None  # share of the fcfs→oracle mean-JCT gap
+    # Per job (session or sub-agent), for SLO attainment (scripts/capacity_report.py):
+    # {"job", "arrival_s", "jct_s", "turns", "ttft_p90_s", "ttft_max_s", "tokens"}
+    # (tokens: prompt + output of its turns).
+    sessions: tuple[dict[str, Any], ...] = ()
 
     def line(self) -> str:
         gap = "" if self.gap_closed is None else f" gap_closed={self.gap_closed:+.1%}"
@@ -77,6 +81,7 @@ def summarize_run(arm: str, records: RunRecords) -> ArmSummary:
     c = records.counters
     released = c.get("pins_released", {})
     return ArmSummary(
+        sessions=job_figures(records),
         arm=arm,
         jobs=len(jct),
         turns=len(turns),
@@ -106,6 +111,23 @@ def summarize_run(arm: str, records: RunRecords) -> ArmSummary:
         loaded_tokens=records.loaded_tokens,
         stored_tokens=records.stored_tokens,
     )
+
+
+def job_figures(records: RunRecords) -> tuple[dict[str, Any], ...]:
+    """Each finished job's JCT, TTFTs and tokens, in arrival order."""
+    by_job: dict[str, list[Any]] = {}
+    for t in records.turns:
+        by_job.setdefault(t.job_id, []).append(t)
+    out = []
+    for job, arrival in sorted(records.job_arrival_s.items(), key=lambda kv: kv[1]):
+        turns = by_job.get(job, [])
+        if job not in records.job_finish_s or not turns:
+            continue
+        ttft = sorted(t.ttft_s for t in turns)
+        out.append({"job": job, "arrival_s": arrival, "jct_s": records.job_finish_s[job] - arrival,
+                    "turns": len(turns), "ttft_p90_s": percentile(ttft, 90), "ttft_max_s": ttft[-1],
+                    "tokens": sum(t.prompt_tokens + t.output_tokens for t in turns)})
+    return tuple(out)
 
 
 def _mean(values: Sequence[float]) -> float:

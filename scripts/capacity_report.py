@@ -1,0 +1,258 @@
+"""Write docs/capacity.md: agent sessions per GPU at an SLO, per policy,
+with and without vLLM's own CPU offloading, simulated.
+
+The question a user serving coding agents asks: how many sessions a minute
+can one replica take before its agents slow down, and how many more with
+the plugin? This sweeps the arrival rate on the shipped Claude Code traces
+(sub-agents, the shared system prompt, the ``headers-only`` client: a
+session header and nothing else, what Claude Code sends) through vLLM's real
+scheduler (``benchmarks.simulate``) and scores every arm at every rate by
+SLO attainment: the share of sessions that keep
+
+* **TTFT**: the 90th percentile of the session's own turns' TTFT at most
+  ``--ttft-slo`` (2 s: an interactive agent's turn starts within 2 s nine
+  times in ten), and
+* **JCT**: the session's completion time at most ``--jct-slo`` (1.3) times
+  the same session's completion time served alone (the oracle pool at
+  ``SOLO_RATE``, where sessions barely overlap): at most 30% slower than an
+  idle replica would serve it.
+
+A rate is *sustained* when at least ``--attainment`` (90%) of its sessions
+keep both (AgentX and AA-AgentPerf score at a percentile, not on every
+session: with 40-60 sessions a single outlier would otherwise decide).
+An arm's capacity is the largest rate of the sweep it sustains, with every
+lower rate sustained too; reported as sessions/min per replica, as the mean
+number of sessions in flight at that rate (Little's law: rate x mean JCT;
+AA-AgentPerf's "concurrent agents") and as tokens per GPU-second (prompt
+and output tokens served over the makespan per GPU; AgentX's form).
+
+Arms: stock vLLM (``fcfs``); stock + vLLM's native CPU offloading
+(``native-offload``); the plugin (``continuum``); the plugin + native
+offloading (``continuum-native-offload``); the plugin + its own connector
+(``continuum-offload``); plain admission at its best fixed cap per rate
+(``fcfs-capK``); the oracle (a pool that never evicts). The offload arms run
+once per host tier (``--tiers``, GiB per GPU): 64 GiB overflows at the
+higher rates, 256 GiB is what docs/retention.md measured.
+
+Every figure comes from the results.json files this script makes (reused
+when a file holds the same command, so an interrupted run resumes); the
+commands are printed at the end.
+
+    python scripts/capacity_report.py [--profiles h100-llama8b] [--rates 0.25,0.5,1,1.5,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts.sim_report import load, run  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKLOAD = ("--subagents", "--shared-system", "--client", "headers-only")
+BASE_ARMS = ("fcfs", "continuum", "oracle")
+OFFLOAD_ARMS = ("native-offload", "continuum-native-offload", "continuum-offload")
+CAPS = ("fcfs-cap8", "fcfs-cap12", "fcfs-cap16")
+# Sessions a minute at which the oracle serves each session about as it
+# would alone (they barely overlap): the JCT SLO's reference.
+SOLO_RATE = 0.02
+DEFAULT_RATES = {"h100-llama8b": "0.25,0.5,0.75,1,1.5,2", "h100-llama70b-tp4": "0.125,0.25,0.5,0.75,1"}
+GPUS = {"h100-llama8b": 1, "h100-llama70b-tp4": 4}
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_p90_s: float
+    jct_factor: float
+    attainment: float
+
+
+def attainment(point: dict[str, Any], solo: dict[str, tuple[float, int]], slo: Slo) -> float | None:
+    """The share of ``point``'s sessions that keep the SLO (None: no
+    session to judge). ``solo``: each job's JCT served alone and its tokens;
+    a job whose tokens differ from its solo run's is not the same job and is
+    not judged."""
+    judged = kept = 0
+    for s in point.get("sessions", ()):
+        alone, tokens = solo.get(s["job"], (None, None))
+        if alone is None or tokens != s["tokens"]:
+            continue
+        judged += 1
+        kept += s["ttft_p90_s"] <= slo.ttft_p90_s and s["jct_s"] <= slo.jct_factor * alone
+    return kept / judged if judged else None
+
+
+def capacity(by_rate: dict[float, float | None], slo: Slo) -> float | None:
+    """The largest rate sustained with every lower rate sustained too."""
+    best = None
+    for rate in sorted(by_rate):
+        share = by_rate[rate]
+        if share is None or share < slo.attainment:
+            break
+        best = rate
+    return best
+
+
+def reference_arm(arm: str) -> str:
+    """What an arm's capacity is compared with: stock vLLM with native
+    offloading at the same host tier for an offload arm, stock vLLM else."""
+    if "offload" in arm and "(" in arm:
+        return "native-offload " + arm[arm.index("("):]
+    return "fcfs"
+
+
+def solo_jcts(points: list[dict[str, Any]]) -> dict[str, tuple[float, int]]:
+    """Job -> (JCT alone, tokens) from the oracle at ``SOLO_RATE``."""
+    oracle = next(p for p in points if p["arm"] == "oracle")
+    return {s["job"]: (s["jct_s"], s["tokens"]) for s in oracle["sessions"]}
+
+
+def arm_series(points: list[dict[str, Any]], arm: str) -> dict[float, dict[str, Any]]:
+    return {p["rate_per_min"]: p for p in points if p["arm"] == arm}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--step-model", default="roofline", choices=["roofline", "aiconfigurator"])
+    ap.add_argument("--profiles", default="h100-llama8b,h100-llama70b-tp4",
+                    help="GPU profiles, comma-separated (default: %(default)s)")
+    ap.add_argument("--rates", default="",
+                    help="arrival rates (sessions/min) to sweep, comma-separated "
+                         f"(default per profile: {DEFAULT_RATES})")
+    ap.add_argument("--tiers", default="64,256", help="host tiers for the offload arms, GiB per GPU (default: %(default)s)")
+    ap.add_argument("--ttft-slo", type=float, default=2.0, help="p90 TTFT of a session's turns, s (default: %(default)s)")
+    ap.add_argument("--jct-slo", type=float, default=1.3,
+                    help="a session's JCT over its JCT served alone (default: %(default)s)")
+    ap.add_argument("--attainment", type=float, default=0.9,
+                    help="share of sessions that must keep the SLO (default: %(default)s)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "sim", "capacity"))
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "capacity.md"))
+    ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "capacity.png"))
+    args = ap.parse_args()
+    slo = Slo(args.ttft_slo, args.jct_slo, args.attainment)
+    profiles = [p for p in args.profiles.split(",") if p]
+    tiers = [t for t in args.tiers.split(",") if t]
+    common = ["--step-model", args.step_model, "--seed", "7", "--workers", "2"]
+    commands: list[str] = []
+
+    def point(out: str, argv: list[str]) -> list[dict[str, Any]]:
+        argv = [*argv, *common, "--out", os.path.join(args.out, out)]
+        run(argv)
+        commands.append("python -m benchmarks.simulate " + " ".join(argv))
+        return load(os.path.join(args.out, out, "results.json"))["points"]
+
+    lines = [
+        "# Capacity: agent sessions per GPU at an SLO",
+        "",
+        "Written by `python scripts/capacity_report.py` from the simulator's results.json files (none of the",
+        f"figures is copied by hand). Step model: `{args.step_model}` (docs/step_models.md); virtual seconds on",
+        "the simulated GPU; every arm of a rate ran on the same arrivals (seed 7); the simulator ran on "
+        f"{platform.machine()} / CPU, which changes no figure.",
+        "",
+        "Workload: the shipped Claude Code traces (kv-cache-tester) with their sub-agents under the parent's",
+        "session id and the shared system prompt; the `headers-only` client (a session header, replies the",
+        "plugin parses: what Claude Code sends). SLO per session: p90 of its turns' TTFT <= "
+        f"{slo.ttft_p90_s:g} s and JCT <= {slo.jct_factor:g}x",
+        f"its JCT served alone (the oracle at {SOLO_RATE:g} sessions/min). A rate is sustained when >= "
+        f"{slo.attainment:.0%} of its sessions keep",
+        "both; capacity is the largest rate of the sweep sustained with every lower rate sustained. "
+        "`in flight` is",
+        "rate x mean JCT (sessions served at once, AA-AgentPerf's form); `tok/GPU-s` the prompt and output tokens",
+        "of all sessions over the makespan, per GPU (AgentX's form), at the capacity rate.",
+        "",
+    ]
+    plots: list[tuple[str, dict[str, dict[float, float | None]]]] = []
+    summary: list[str] = []
+    for prof in profiles:
+        rates = args.rates or DEFAULT_RATES[prof]
+        base = [*WORKLOAD, "--profile", prof]
+        solo = solo_jcts(point(f"{prof}-solo", [*base, "--rate", f"{SOLO_RATE:g}", "--policies", "oracle"]))
+        sweep = [*base, "--sweep-rate", rates]
+        pts = point(f"{prof}-base", [*sweep, "--policies", ",".join(BASE_ARMS)])
+        caps = point(f"{prof}-caps", [*sweep, "--policies", ",".join(CAPS)])
+        per_tier = {t: point(f"{prof}-offload-{t}g", [*sweep, "--policies", ",".join(OFFLOAD_ARMS),
+                                                       "--offload-gib", t]) for t in tiers}
+        solo_jct = solo
+        series: dict[str, dict[float, dict[str, Any]]] = {a: arm_series(pts, a) for a in BASE_ARMS}
+        for t, tp in per_tier.items():
+            for a in OFFLOAD_ARMS:
+                series[f"{a} ({t} GiB)"] = arm_series(tp, a)
+        # Plain admission at its best cap, per rate.
+        best_cap: dict[float, dict[str, Any]] = {}
+        for cap in CAPS:
+            for rate, p in arm_series(caps, cap).items():
+                share = attainment(p, solo_jct, slo) or 0.0
+                if rate not in best_cap or share > (attainment(best_cap[rate], solo_jct, slo) or 0.0):
+                    best_cap[rate] = p
+        series["fcfs-cap (best)"] = best_cap
+        order = ["fcfs", *[f"native-offload ({t} GiB)" for t in tiers], "fcfs-cap (best)", "continuum",
+                 *[f"{a} ({t} GiB)" for t in tiers for a in ("continuum-native-offload", "continuum-offload")],
+                 "oracle"]
+        shares = {arm: {r: attainment(p, solo_jct, slo) for r, p in series[arm].items()} for arm in order}
+        all_rates = sorted({r for arm in order for r in series[arm]})
+        lines += [
+            f"## {prof} ({GPUS[prof]} GPU{'s' if GPUS[prof] > 1 else ''} per replica)", "",
+            "SLO attainment (share of sessions keeping it) per arrival rate (sessions/min), and each arm's capacity:",
+            "",
+            "| arm | " + " | ".join(f"{r:g}/min" for r in all_rates)
+            + " | capacity sessions/min | in flight | tok/GPU-s | vs stock |",
+            "|---|" + "---:|" * len(all_rates) + "---:|---:|---:|---:|",
+        ]
+        caps_by_arm = {arm: capacity(shares[arm], slo) for arm in order}
+        for arm in order:
+            cap = caps_by_arm[arm]
+            cells = [f"{shares[arm][r]:.0%}" if shares[arm].get(r) is not None else "-" for r in all_rates]
+            flight = tok = vs = "-"
+            if cap is not None:
+                p = series[arm][cap]
+                flight = f"{cap * p['jct_mean_s'] / 60:.1f}"
+                tokens = sum(s["tokens"] for s in p["sessions"])
+                tok = f"{tokens / p['makespan_s'] / GPUS[prof]:,.0f}"
+                ref = caps_by_arm[reference_arm(arm)]
+                if ref:
+                    vs = f"{cap / ref:.2f}x"
+            label = arm if arm != "fcfs-cap (best)" else "fcfs-cap (best cap per rate)"
+            lines.append(f"| {label} | " + " | ".join(cells)
+                         + f" | {'none' if cap is None else f'{cap:g}'} | {flight} | {tok} | {vs} |")
+        lines += ["", "`vs stock`: an offload arm's capacity over `native-offload` at the same tier, the others' "
+                  "over `fcfs`. `none`: not even the lowest rate is sustained.", ""]
+        plots.append((prof, shares))
+        summary.append(f"- {prof}: " + "; ".join(
+            f"{arm} {'none' if caps_by_arm[arm] is None else f'{caps_by_arm[arm]:g}/min'}" for arm in order))
+    lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", "",
+              "## Commands", "", "```", *commands, "```", ""]
+    with open(args.doc, "w") as f:
+        f.write("\n".join(lines))
+    _plot(plots, slo, args.plot)
+    print(f"[capacity_report] wrote {args.doc}", file=sys.stderr)
+    return 0
+
+
+def _plot(plots: list[tuple[str, dict[str, dict[float, float | None]]]], slo: Slo, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(plots), figsize=(7 * len(plots), 4.5), squeeze=False)
+    for ax, (prof, shares) in zip(axes[0], plots):
+        for arm, by_rate in shares.items():
+            xs = sorted(r for r, v in by_rate.items() if v is not None)
+            ax.plot(xs, [by_rate[x] for x in xs], marker="o", label=arm)
+        ax.axhline(slo.attainment, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(prof)
+        ax.set_xlabel("arrivals (sessions/min per replica)")
+        ax.set_ylabel("sessions keeping the SLO")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
