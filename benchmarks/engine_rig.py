@@ -94,8 +94,11 @@ def make_scheduler(
     continuum: dict[str, Any] | None = None,
     async_scheduling: bool = False,
     clock: Clock | None = None,
+    kv_transfer: Any = None,
 ) -> Scheduler:
     """A real scheduler for ``policy`` ("fcfs" gives vLLM's stock one).
+    ``kv_transfer``: a ``KVTransferConfig`` (a connector's scheduler side,
+    e.g. vLLM's ``OffloadingConnector``, which needs no GPU there).
 
     The plugin's schedulers run on ``clock`` (default: a new ``ManualClock``,
     available as ``scheduler.clock``); vLLM's stock one has no clock and
@@ -127,6 +130,8 @@ def make_scheduler(
         device_config=DeviceConfig("cpu"),
         additional_config={"continuum": continuum} if continuum else {},
     )
+    if kv_transfer is not None:
+        vllm_config.kv_transfer_config = kv_transfer
     if async_scheduling:
         # The CPU platform turns async scheduling off; the selection logic
         # and the AsyncScheduler subclass are still exercised here.

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.sim_report import load, run  # noqa: E402
+from scripts.sim_report import SimPoints  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOAD = ("--subagents", "--shared-system", "--client", "headers-only")
@@ -137,14 +137,10 @@ def main() -> int:
     slo = Slo(args.ttft_slo, args.jct_slo, args.attainment)
     profiles = [p for p in args.profiles.split(",") if p]
     tiers = [t for t in args.tiers.split(",") if t]
-    common = ["--step-model", args.step_model, "--seed", "7", "--workers", "2"]
-    commands: list[str] = []
+    sims = SimPoints(["--step-model", args.step_model, "--seed", "7", "--workers", "2"])
 
     def point(out: str, argv: list[str]) -> list[dict[str, Any]]:
-        argv = [*argv, *common, "--out", os.path.join(args.out, out)]
-        run(argv)
-        commands.append("python -m benchmarks.simulate " + " ".join(argv))
-        return load(os.path.join(args.out, out, "results.json"))["points"]
+        return sims.point(os.path.join(args.out, out), argv)
 
     lines = [
         "# Capacity: agent sessions per GPU at an SLO",
@@ -224,12 +220,9 @@ def main() -> int:
         plots.append((prof, shares))
         summary.append(f"- {prof}: " + "; ".join(
             f"{arm} {'none' if caps_by_arm[arm] is None else f'{caps_by_arm[arm]:g}/min'}" for arm in order))
-    lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", "",
-              "## Commands", "", "```", *commands, "```", ""]
-    with open(args.doc, "w") as f:
-        f.write("\n".join(lines))
+    lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", ""]
+    sims.write(args.doc, lines, "capacity_report")
     _plot(plots, slo, args.plot)
-    print(f"[capacity_report] wrote {args.doc}", file=sys.stderr)
     return 0
 
 

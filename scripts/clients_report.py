@@ -45,7 +45,7 @@ import sys
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.sim_report import load, run  # noqa: E402
+from scripts.sim_report import SimPoints  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # README.md's block this script owns (the summary of the page it writes).
@@ -197,31 +197,33 @@ def _check(ok: bool, text: str) -> str:
     return f"{text}: **{'holds' if ok else 'misses'}**"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def report_arguments(description: str, out: str, doc: str) -> argparse.ArgumentParser:
+    """The arguments of a report over this module's workloads and profiles."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--step-model", default="roofline", choices=["roofline", "aiconfigurator"])
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "sim", "clients"),
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "sim", out),
                     help="directory for the simulator's results (default: %(default)s)")
-    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "retention_clients.md"),
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", doc),
                     help="the document to write (default: %(default)s)")
-    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"),
-                    help="README whose clients-report block gets the summary (default: %(default)s)")
     ap.add_argument("--profiles", default=",".join(PROFILES),
                     help="GPU profiles to report, comma-separated (default: %(default)s)")
     ap.add_argument("--workloads", default=",".join(w.key for w in WORKLOADS),
                     help="workloads to report, comma-separated (default: %(default)s)")
+    return ap
+
+
+def main() -> int:
+    ap = report_arguments(__doc__.split("\n\n")[0], "clients", "retention_clients.md")
+    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"),
+                    help="README whose clients-report block gets the summary (default: %(default)s)")
     args = ap.parse_args()
     profiles = [p for p in args.profiles.split(",") if p]
     wanted = set(args.workloads.split(","))
-    common = ["--step-model", args.step_model, "--seed", "7", "--workers", "2"]
-    commands: list[str] = []
+    sims = SimPoints(["--step-model", args.step_model, "--seed", "7", "--workers", "2"])
     summary: list[str] = []
 
     def point(out: str, argv: list[str]) -> list[dict]:
-        argv = [*argv, *common, "--out", os.path.join(args.out, out)]
-        run(argv)
-        commands.append("python -m benchmarks.simulate " + " ".join(argv))
-        return load(os.path.join(args.out, out, "results.json"))["points"]
+        return sims.point(os.path.join(args.out, out), argv)
 
     clients = ["--policies", ",".join(CLIENT_ARMS), "--client", ",".join(CLIENT_PROFILES)]
     lines = [
@@ -269,12 +271,9 @@ def main() -> int:
                 *client_table(low_pts, []), "",
                 *low_verdict(low_pts), "",
             ]
-    lines += ["## Commands", "", "```", *commands, "```", ""]
-    with open(args.doc, "w") as f:
-        f.write("\n".join(lines))
+    sims.write(args.doc, lines, "clients_report")
     if args.readme:
         write_readme_block(args.readme, summary, args.doc)
-    print(f"[clients_report] wrote {args.doc}", file=sys.stderr)
     return 0
 
 

@@ -237,7 +237,7 @@ def main() -> int:
         "plugin's defaults: `ttl_policy = \"priced\"` (a held second costs the pin's share of the pool times",
         "its usage) and the admission gate; `native-offload` vLLM's `OffloadingConnector` with 256 GiB of",
         "host memory per GPU under the stock scheduler, `continuum-native-offload` the same under Continuum",
-        "(the gate is off with a KV connector; a dropped context is priced as the reload that the plugin has",
+        "(the gate counts the pool and the host tier together; a dropped context is priced as the reload that the plugin has",
         "measured from that tier, `estimators/tier_reload.py`); `continuum-offload` Continuum with the",
         "plugin's own offload connector (256 GiB); `fcfs-capK` plain admission, the stock scheduler behind a",
         "fixed cap of K sessions in flight (the rest wait first come, first served; the wait counts in",

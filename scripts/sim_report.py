@@ -55,6 +55,28 @@ def run(argv: list[str]) -> None:
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
+class SimPoints:
+    """A report's simulator runs: ``point(path, argv)`` runs (or reuses)
+    ``benchmarks.simulate argv --out path`` with the report's ``common``
+    arguments and returns its points; :meth:`write` writes the document
+    with every command it ran, in order."""
+
+    def __init__(self, common: list[str]) -> None:
+        self.common = common
+        self.commands: list[str] = []
+
+    def point(self, path: str, argv: list[str]) -> list[dict]:
+        argv = [*argv, *self.common, "--out", path]
+        run(argv)
+        self.commands.append("python -m benchmarks.simulate " + " ".join(argv))
+        return load(os.path.join(path, "results.json"))["points"]
+
+    def write(self, doc: str, lines: list[str], who: str) -> None:
+        with open(doc, "w") as f:
+            f.write("\n".join([*lines, "## Commands", "", "```", *self.commands, "```", ""]))
+        print(f"[{who}] wrote {doc}", file=sys.stderr)
+
+
 def load(path: str) -> dict:
     with open(path) as f:
         return json.load(f)

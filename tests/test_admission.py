@@ -130,3 +130,64 @@ def test_an_aborted_held_turn_leaves_no_trace():
     s.clock.advance(3600.0)
     step(s)
     assert_all_blocks_free(s)
+
+
+def _tiered(tier_blocks: int):
+    """The pool of these tests under vLLM's native offloading
+    (``--kv-offloading-size``: the ``OffloadingConnector``, whose scheduler
+    side needs no GPU) with a host tier of ``tier_blocks`` blocks."""
+    from vllm.config import KVTransferConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    import torch
+
+    page = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32).page_size_bytes
+    transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                kv_connector_extra_config={"cpu_bytes_to_use": tier_blocks * page})
+    return make_scheduler(num_blocks=POOL, max_num_seqs=4, continuum={"default_ttl_s": 1.0}, kv_transfer=transfer)
+
+
+def test_under_vllms_offloading_the_gate_bounds_what_the_pool_and_the_host_tier_keep():
+    """Write-through offloading keeps a copy of every computed block in the
+    host tier, so pool and tier keep max(pool, tier) blocks of context: with
+    a 96-block tier, job "a" (40 blocks) and a 30-block newcomer fit (where
+    the pool alone would hold the newcomer back, see above), a second one
+    does not and waits; a context that left the GPU still counts, since the
+    tier keeps it."""
+    s = _tiered(96)
+    assert s.admission is not None and s.admission.capacity_blocks == 96
+    prompt, r1 = first_turn(s, "a", length=A_TOKENS)
+    s.clock.advance(1.5)
+    step(s)
+    assert "a" not in s.pins  # its pin lapsed: the context is in the tier (and the prefix cache)
+    chat = make_request(prompt_of(500, 2 * BLOCK), max_tokens=200)
+    s.add_request(chat)
+    step(s)
+    b = make_request(prompt_of(600, NEW_TOKENS), max_tokens=4, job_id="b", is_last_step=False)
+    c = make_request(prompt_of(700, NEW_TOKENS), max_tokens=4, job_id="c", is_last_step=True)
+    s.add_request(b)
+    s.add_request(c)
+    for _ in range(3):
+        step(s)
+    assert _scheduled(s, b) and not _scheduled(s, c)
+    # Job "a" comes back and ends: c fits beside b now.
+    r2 = make_request(next_turn_prompt(prompt, r1), max_tokens=4, job_id="a", is_last_step=True)
+    s.add_request(r2)
+    run_until_finished(s, [r2])
+    run_until_finished(s, [c, chat])
+    assert _scheduled(s, c)
+    s.clock.advance(3600.0)
+    step(s)
+    assert_all_blocks_free(s)
+
+
+def test_a_connector_whose_tier_the_scheduler_cannot_size_leaves_the_gate_off():
+    from vllm.config import KVTransferConfig
+
+    transfer = KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both")
+    from vllm_continuum_plugin.tier_capacity import tier_capacity
+
+    class _Config:
+        kv_transfer_config = transfer
+
+    assert tier_capacity(_Config(), None) is None

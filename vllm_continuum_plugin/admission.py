@@ -32,6 +32,11 @@ the admitted ones keep their contexts and finish fast.
   (bounded job-level FCFS): the first that does not fit holds back every
   later one, so a large job is not overtaken forever by small ones.
 
+``capacity_blocks`` is what the server keeps without recomputing: the
+pool, or with a host tier of known size the pool and the tier together
+(``tier_capacity``; the scheduler then keeps counting a job whose context
+left the GPU, since the tier holds it).
+
 The bound adapts to what the jobs hold, not to a count of sessions: many
 short contexts or a few long ones. Requests without a job id (chat), a
 job's later turns (a follow-up after an answer included: the job stays

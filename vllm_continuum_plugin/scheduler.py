@@ -82,6 +82,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from .admission import AdmissionGate
+from .tier_capacity import TierCapacity, tier_capacity
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
@@ -240,9 +241,13 @@ class ContinuumSchedulerMixin:
             pins_are_cheap=self.tier.pins_are_cheap if self.tier is not None else lambda: False,
         )
         self.admission: AdmissionGate | None = None
-        if cfg.admission and self.pinning_enabled and self.connector is None:
+        # With a host tier of known size the gate bounds what the pool and
+        # the tier keep together; with another connector it stays off.
+        self.gate_tier: TierCapacity | None = tier_capacity(vllm_config, self.kv_cache_config)
+        if cfg.admission and self.pinning_enabled and (self.connector is None or self.gate_tier is not None):
+            retained = self.gate_tier.retained_blocks(usable_blocks) if self.gate_tier else usable_blocks
             self.admission = AdmissionGate(
-                capacity_blocks=max(1, usable_blocks),
+                capacity_blocks=max(1, retained),
                 block_size=self.block_size,
                 quiet_after_s=cfg.max_ttl_s,
                 max_wait_s=cfg.admission_max_wait_s,
@@ -253,7 +258,10 @@ class ContinuumSchedulerMixin:
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
             "max_pinned_blocks=%d implicit_jobs=%s admission=%s decider=%s", self.continuum_policy,
             cfg.ttl_policy, type(self).__name__, self.pinning_enabled, self.max_pinned_blocks,
-            self.implicit_jobs is not None, self.admission is not None, type(self.decider).__name__,
+            self.implicit_jobs is not None,
+            "off" if self.admission is None else f"{self.admission.capacity_blocks} blocks"
+            + (f" (pool and {self.gate_tier.connector}'s host tier)" if self.gate_tier else ""),
+            type(self.decider).__name__,
         )
         if not self.pinning_enabled:
             logger.warning(
@@ -528,7 +536,9 @@ class ContinuumSchedulerMixin:
     def _holds_nothing(self, job_id: str) -> None:
         """The job's finished turn keeps no blocks (its TTL chose not to
         hold, or pinning is off): the gate stops counting it as holding."""
-        if self.admission is not None and job_id not in self.pins:
+        if self.admission is not None and self.gate_tier is None and job_id not in self.pins:
+            # (With a host tier the context leaving the GPU is still kept:
+            # the job stays in the gate's demand.)
             self.admission.on_job_end(job_id)
 
     def _end_job(self, request: Request, outcome: TurnOutcome, normal: bool, continues_pin: bool) -> None:
