@@ -84,7 +84,12 @@ class TierReloadModel:
 
     @property
     def ready(self) -> bool:
-        return self.loads.num_samples >= self.min_samples and len(self.coverage) >= self.min_samples
+        """Enough loads and returns seen, and the loads fit a positive
+        per-token cost. A fit that does not (noisy timings, longer loads
+        measured faster) is no price: the model's zero defaults would price
+        every reload at nothing, so the scheduler keeps pricing a prefill."""
+        return (self.loads.num_samples >= self.min_samples and len(self.coverage) >= self.min_samples
+                and self.loads.coefficients().fitted)
 
     def rebuild_seconds(self, tokens: int, prefill_seconds: Callable[[int, int], float]) -> float | None:
         """Expected cost of rebuilding ``tokens`` of context dropped from the

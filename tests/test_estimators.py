@@ -555,3 +555,23 @@ def test_token_coverage_window_drops_the_oldest_turn() -> None:
     assert coverage.share() == pytest.approx(1.0) and len(coverage) == 2
     with pytest.raises(ValueError, match="window"):
         TokenCoverage(window=0)
+
+
+def test_a_tier_whose_loads_fit_no_positive_cost_is_not_priced_at_nothing() -> None:
+    """Loads timed longer for fewer tokens fit no positive per-token cost:
+    the model says nothing (the scheduler prices a prefill) instead of its
+    zero defaults pricing every reload at 0 s."""
+    from vllm_continuum_plugin.estimators.tier_reload import TierReloadModel
+
+    prefill = PrefillCostModel(1e-4, 0.0)
+    model = TierReloadModel(min_samples=4)
+    for tokens, seconds in ((8_000, 0.4), (16_000, 0.3), (24_000, 0.2), (32_000, 0.1)):
+        model.observe_load(tokens, seconds)
+    for _ in range(4):
+        model.observe_return(missing_tokens=20_000, loaded_tokens=20_000)
+    assert not model.loads.coefficients().fitted
+    assert model.rebuild_seconds(30_000, prefill.seconds) is None
+    for tokens in (8_000, 16_000, 24_000, 32_000) * 4:  # the tier's real cost, measured at last
+        model.observe_load(tokens, tokens * 1e-5)
+    rebuild = model.rebuild_seconds(30_000, prefill.seconds)
+    assert rebuild is not None and 0 < rebuild < prefill.seconds(30_000)
