@@ -171,6 +171,27 @@ def test_retention_scope_names_a_job_whose_next_turn_takes_the_hold_over():
     assert_all_blocks_free(s)
 
 
+def test_a_jobs_declared_hold_goes_to_its_next_turn_when_the_policy_itself_holds_nothing():
+    """With the plugin's own TTL at zero (``max_ttl_s`` 0: it pins nothing
+    itself) a job's directives still keep its blocks, and the job's next
+    turn takes the hold over (hand-off) instead of the hold outliving it."""
+    s = make_scheduler(num_blocks=64, continuum={"max_ttl_s": 0.0})
+    prompt = prompt_of(42, 12 * BLOCK)
+    r1 = make_request(prompt, max_tokens=2, job_id="job-z", is_last_step=False,
+                      extra={"retention_directives": KEEP})
+    s.add_request(r1)
+    run_until_finished(s, [r1])
+    assert s.pins.get("job-z") is not None
+    r2 = make_request(list(r1.all_token_ids) + prompt_of(43, 2 * BLOCK), max_tokens=2, job_id="job-z",
+                      is_last_step=True)
+    s.add_request(r2)
+    assert run_for_hit(s, r2) >= 12 * BLOCK
+    assert snap(s)["pins_released"]["handoff"] == 1
+    assert len(s.pins) == 0  # nothing outlives the job
+    lapse(s, 700)
+    assert_all_blocks_free(s)
+
+
 def test_preempted_or_aborted_requests_hold_nothing():
     s = make_scheduler(num_blocks=64)
     r = make_request(prompt_of(50, 8 * BLOCK), max_tokens=50, extra={"retention_directives": KEEP})

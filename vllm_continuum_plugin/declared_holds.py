@@ -64,10 +64,11 @@ class DeclaredHolds:
         self._rank = rank  # a request's job-level arrival (pressure order)
         self._free = free  # the scheduler's stock free of a request's blocks
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, job_id: str | None = None) -> None:
         """Free ``request``'s blocks where the policy holds none of them:
-        as it declared (:meth:`apply`), else as stock vLLM does."""
-        if not self.apply(request, None, 0.0):
+        as it declared (:meth:`apply`; a hold goes to ``job_id``'s next turn
+        when given), else as stock vLLM does."""
+        if not self.apply(request, job_id, 0.0):
             self._free(request)
 
     def apply(self, request: Request, job_id: str | None, policy_ttl_s: float,

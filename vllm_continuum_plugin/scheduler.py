@@ -518,11 +518,13 @@ class ContinuumSchedulerMixin:
         if outcome.supersedes_pin:  # a newer turn of the same context
             self.pins.release(job_id, "handoff")
         if outcome.kind is TurnOutcomeKind.OFFLOAD:
-            self._holds_nothing(job_id)
             self.continuum_metrics.on_ttl_decision(0.0)
             if self.offload is not None:  # SLOW tool: reload later, not recompute
                 self.offload.save_request(request, hold_job=job_id)
-            self.declared.free(request)
+            # What the client declared is still held, for the job's next
+            # turn to take over (then the gate counts the job as holding).
+            self.declared.free(request, job_id)
+            self._holds_nothing(job_id)
             return
         if self.declared.apply(request, job_id, decision.ttl_s, tool_key, fence):
             return
