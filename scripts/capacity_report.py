@@ -116,6 +116,63 @@ def arm_series(points: list[dict[str, Any]], arm: str) -> dict[float, dict[str, 
     return {p["rate_per_min"]: p for p in points if p["arm"] == arm}
 
 
+def profile_section(
+    prof: str, solo: dict[str, tuple[float, int]], pts: list[dict[str, Any]], caps: list[dict[str, Any]],
+    cap_arms: list[str], per_tier: dict[str, list[dict[str, Any]]], slo: Slo,
+) -> tuple[list[str], dict[str, dict[float, float | None]], dict[str, float | None]]:
+    """One GPU profile's table: every arm's SLO attainment per rate and its
+    capacity (sessions/min, in flight, tokens per GPU-second, against stock).
+    Returns the lines, the attainment per arm and rate, and the capacities."""
+    series: dict[str, dict[float, dict[str, Any]]] = {a: arm_series(pts, a) for a in BASE_ARMS}
+    for t, tp in per_tier.items():
+        for a in OFFLOAD_ARMS:
+            series[f"{a} ({t} GiB)"] = arm_series(tp, a)
+    # Plain admission at its best cap, per rate.
+    best_cap: dict[float, dict[str, Any]] = {}
+    for cap in cap_arms:
+        for rate, p in arm_series(caps, cap).items():
+            share = attainment(p, solo, slo) or 0.0
+            if rate not in best_cap or share > (attainment(best_cap[rate], solo, slo) or 0.0):
+                best_cap[rate] = p
+    if best_cap:
+        series["fcfs-cap (best)"] = best_cap
+    tiers = list(per_tier)
+    order = ["fcfs", *[f"native-offload ({t} GiB)" for t in tiers], *(["fcfs-cap (best)"] if best_cap else []),
+             "continuum",
+             *[f"{a} ({t} GiB)" for t in tiers for a in ("continuum-native-offload", "continuum-offload")],
+             "oracle"]
+    shares = {arm: {r: attainment(p, solo, slo) for r, p in series[arm].items()} for arm in order}
+    all_rates = sorted({r for arm in order for r in series[arm]})
+    gpus = GPUS.get(prof, 1)
+    lines = [
+        f"## {prof} ({gpus} GPU{'s' if gpus > 1 else ''} per replica)", "",
+        "SLO attainment (share of sessions keeping it) per arrival rate (sessions/min), and each arm's capacity:",
+        "",
+        "| arm | " + " | ".join(f"{r:g}/min" for r in all_rates)
+        + " | capacity sessions/min | in flight | tok/GPU-s | vs stock |",
+        "|---|" + "---:|" * len(all_rates) + "---:|---:|---:|---:|",
+    ]
+    caps_by_arm = {arm: capacity(shares[arm], slo) for arm in order}
+    for arm in order:
+        cap = caps_by_arm[arm]
+        cells = [f"{shares[arm][r]:.0%}" if shares[arm].get(r) is not None else "-" for r in all_rates]
+        flight = tok = vs = "-"
+        if cap is not None:
+            p = series[arm][cap]
+            flight = f"{cap * p['jct_mean_s'] / 60:.1f}"
+            tokens = sum(s["tokens"] for s in p["sessions"])
+            tok = f"{tokens / p['makespan_s'] / gpus:,.0f}"
+            ref = caps_by_arm.get(reference_arm(arm))
+            if ref:
+                vs = f"{cap / ref:.2f}x"
+        label = arm if arm != "fcfs-cap (best)" else "fcfs-cap (best cap per rate)"
+        lines.append(f"| {label} | " + " | ".join(cells)
+                     + f" | {'none' if cap is None else f'{cap:g}'} | {flight} | {tok} | {vs} |")
+    lines += ["", "`vs stock`: an offload arm's capacity over `native-offload` at the same tier, the others' "
+              "over `fcfs`. `none`: not even the lowest rate is sustained.", ""]
+    return lines, shares, caps_by_arm
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--step-model", default="roofline", choices=["roofline", "aiconfigurator"])
@@ -124,6 +181,8 @@ def main() -> int:
     ap.add_argument("--rates", default="",
                     help="arrival rates (sessions/min) to sweep, comma-separated "
                          f"(default per profile: {DEFAULT_RATES})")
+    ap.add_argument("--caps", default=",".join(CAPS),
+                    help="plain-admission arms, the best per rate reported (default: %(default)s)")
     ap.add_argument("--tiers", default="64,256", help="host tiers for the offload arms, GiB per GPU (default: %(default)s)")
     ap.add_argument("--ttft-slo", type=float, default=2.0, help="p90 TTFT of a session's turns, s (default: %(default)s)")
     ap.add_argument("--jct-slo", type=float, default=1.3,
@@ -170,56 +229,15 @@ def main() -> int:
         solo = solo_jcts(point(f"{prof}-solo", [*base, "--rate", f"{SOLO_RATE:g}", "--policies", "oracle"]))
         sweep = [*base, "--sweep-rate", rates]
         pts = point(f"{prof}-base", [*sweep, "--policies", ",".join(BASE_ARMS)])
-        caps = point(f"{prof}-caps", [*sweep, "--policies", ",".join(CAPS)])
+        cap_arms = [c for c in args.caps.split(",") if c]
+        caps = point(f"{prof}-caps", [*sweep, "--policies", ",".join(cap_arms)]) if cap_arms else []
         per_tier = {t: point(f"{prof}-offload-{t}g", [*sweep, "--policies", ",".join(OFFLOAD_ARMS),
                                                        "--offload-gib", t]) for t in tiers}
-        solo_jct = solo
-        series: dict[str, dict[float, dict[str, Any]]] = {a: arm_series(pts, a) for a in BASE_ARMS}
-        for t, tp in per_tier.items():
-            for a in OFFLOAD_ARMS:
-                series[f"{a} ({t} GiB)"] = arm_series(tp, a)
-        # Plain admission at its best cap, per rate.
-        best_cap: dict[float, dict[str, Any]] = {}
-        for cap in CAPS:
-            for rate, p in arm_series(caps, cap).items():
-                share = attainment(p, solo_jct, slo) or 0.0
-                if rate not in best_cap or share > (attainment(best_cap[rate], solo_jct, slo) or 0.0):
-                    best_cap[rate] = p
-        series["fcfs-cap (best)"] = best_cap
-        order = ["fcfs", *[f"native-offload ({t} GiB)" for t in tiers], "fcfs-cap (best)", "continuum",
-                 *[f"{a} ({t} GiB)" for t in tiers for a in ("continuum-native-offload", "continuum-offload")],
-                 "oracle"]
-        shares = {arm: {r: attainment(p, solo_jct, slo) for r, p in series[arm].items()} for arm in order}
-        all_rates = sorted({r for arm in order for r in series[arm]})
-        lines += [
-            f"## {prof} ({GPUS[prof]} GPU{'s' if GPUS[prof] > 1 else ''} per replica)", "",
-            "SLO attainment (share of sessions keeping it) per arrival rate (sessions/min), and each arm's capacity:",
-            "",
-            "| arm | " + " | ".join(f"{r:g}/min" for r in all_rates)
-            + " | capacity sessions/min | in flight | tok/GPU-s | vs stock |",
-            "|---|" + "---:|" * len(all_rates) + "---:|---:|---:|---:|",
-        ]
-        caps_by_arm = {arm: capacity(shares[arm], slo) for arm in order}
-        for arm in order:
-            cap = caps_by_arm[arm]
-            cells = [f"{shares[arm][r]:.0%}" if shares[arm].get(r) is not None else "-" for r in all_rates]
-            flight = tok = vs = "-"
-            if cap is not None:
-                p = series[arm][cap]
-                flight = f"{cap * p['jct_mean_s'] / 60:.1f}"
-                tokens = sum(s["tokens"] for s in p["sessions"])
-                tok = f"{tokens / p['makespan_s'] / GPUS[prof]:,.0f}"
-                ref = caps_by_arm[reference_arm(arm)]
-                if ref:
-                    vs = f"{cap / ref:.2f}x"
-            label = arm if arm != "fcfs-cap (best)" else "fcfs-cap (best cap per rate)"
-            lines.append(f"| {label} | " + " | ".join(cells)
-                         + f" | {'none' if cap is None else f'{cap:g}'} | {flight} | {tok} | {vs} |")
-        lines += ["", "`vs stock`: an offload arm's capacity over `native-offload` at the same tier, the others' "
-                  "over `fcfs`. `none`: not even the lowest rate is sustained.", ""]
+        section, shares, caps_by_arm = profile_section(prof, solo, pts, caps, cap_arms, per_tier, slo)
+        lines += section
         plots.append((prof, shares))
         summary.append(f"- {prof}: " + "; ".join(
-            f"{arm} {'none' if caps_by_arm[arm] is None else f'{caps_by_arm[arm]:g}/min'}" for arm in order))
+            f"{arm} {'none' if cap is None else f'{cap:g}/min'}" for arm, cap in caps_by_arm.items()))
     lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", ""]
     sims.write(args.doc, lines, "capacity_report")
     _plot(plots, slo, args.plot)

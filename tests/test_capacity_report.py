@@ -44,3 +44,32 @@ def test_offload_arms_compare_with_stock_native_offloading_at_their_tier():
     assert cr.reference_arm("continuum-offload (256 GiB)") == "native-offload (256 GiB)"
     assert cr.reference_arm("continuum") == "fcfs"
     assert cr.reference_arm("fcfs-cap (best)") == "fcfs"
+
+
+def _point(arm, rate, jcts, ttft=0.5):
+    sessions = [_session(f"j{i}", jct, ttft) for i, jct in enumerate(jcts)]
+    return {"arm": arm, "rate_per_min": rate, "jct_mean_s": sum(jcts) / len(jcts), "makespan_s": 1000.0,
+            "sessions": sessions}
+
+
+def test_the_table_names_each_arms_capacity_against_stock_at_the_same_tier():
+    solo = {f"j{i}": (100.0, 1000) for i in range(10)}
+    fine, slow = [110.0] * 10, [110.0] * 8 + [200.0] * 2  # 100% and 80% keep the SLO
+    base = [_point("fcfs", 1, fine), _point("fcfs", 2, slow),
+            _point("continuum", 1, fine), _point("continuum", 2, fine),
+            _point("oracle", 1, fine), _point("oracle", 2, fine)]
+    caps = [_point("fcfs-cap8", 1, slow), _point("fcfs-cap8", 2, slow),
+            _point("fcfs-cap12", 1, fine), _point("fcfs-cap12", 2, slow)]
+    tier = [_point("native-offload", 1, fine), _point("native-offload", 2, slow),
+            _point("continuum-native-offload", 1, fine), _point("continuum-native-offload", 2, fine),
+            _point("continuum-offload", 1, slow), _point("continuum-offload", 2, fine)]
+    lines, shares, capacities = cr.profile_section(
+        "h100-llama8b", solo, base, caps, ["fcfs-cap8", "fcfs-cap12"], {"64": tier}, SLO)
+    assert capacities["fcfs"] == 1 and capacities["continuum"] == 2
+    assert capacities["fcfs-cap (best)"] == 1  # cap12 at 1/min, nothing at 2/min
+    assert capacities["continuum-offload (64 GiB)"] is None  # misses the lowest rate
+    assert shares["fcfs"] == {1: 1.0, 2: 0.8}
+    text = "\n".join(lines)
+    # 2/min over native offloading's 1/min at the same tier; in flight = rate x mean JCT.
+    assert "| continuum-native-offload (64 GiB) | 100% | 100% | 2 | 3.7 | 10 | 2.00x |" in text
+    assert "| continuum-offload (64 GiB) | 80% | 100% | none | - | - | - |" in text
