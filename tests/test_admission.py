@@ -191,3 +191,26 @@ def test_a_connector_whose_tier_the_scheduler_cannot_size_leaves_the_gate_off():
         kv_transfer_config = transfer
 
     assert tier_capacity(_Config(), None) is None
+
+
+def test_the_plugins_connector_sizes_its_tier_as_the_connector_parses_it():
+    """The plugin's connector stores what leaves the GPU (pool + tier), its
+    size read with the connector's own parser (default included)."""
+    from types import SimpleNamespace
+
+    from vllm.config import KVTransferConfig
+    from vllm_continuum_plugin.connectors.offload_settings import DEFAULT_CPU_BYTES
+    from vllm_continuum_plugin.tier_capacity import tier_capacity
+
+    s = make_scheduler(num_blocks=POOL)
+    page = 2 * BLOCK * 4  # one layer, one head of size 1, float32: K and V
+    for extra, size in (({"cpu_bytes": "8192"}, 8192), ({}, DEFAULT_CPU_BYTES)):
+        config = SimpleNamespace(kv_transfer_config=KVTransferConfig(
+            kv_connector="ContinuumOffloadConnector", kv_role="kv_both", kv_connector_extra_config=extra))
+        tier = tier_capacity(config, s.kv_cache_config)
+        assert tier is not None and tier.blocks == size // page and not tier.write_through
+        assert tier.retained_blocks(63) == 63 + size // page
+    bad = SimpleNamespace(kv_transfer_config=KVTransferConfig(
+        kv_connector="ContinuumOffloadConnector", kv_role="kv_both",
+        kv_connector_extra_config={"cpu_bytes": "lots"}))
+    assert tier_capacity(bad, s.kv_cache_config) is None  # the connector refuses it at start-up

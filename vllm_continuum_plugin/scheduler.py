@@ -82,7 +82,6 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from .admission import AdmissionGate
-from .tier_capacity import TierCapacity, tier_capacity
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
@@ -107,6 +106,7 @@ from .pin_manager import PinManager
 from .soft_pins import SoftPins
 from .policies import PLUGIN_POLICIES
 from .reply_reader import ReplyReader, stop_token_ids
+from .tier_capacity import TierCapacity, tier_capacity
 from .turn_facts import TurnReader
 from .turn_outcome import PinRelation, TurnOutcome, TurnOutcomeKind, TurnRules, decide_turn
 from .wakeup import EngineWaker

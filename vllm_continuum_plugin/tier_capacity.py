@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .connectors.offload_settings import DEFAULT_CPU_BYTES
+from .connectors.offload_settings import OffloadSettings
 
 __all__ = ["TierCapacity", "tier_capacity"]
 
@@ -61,19 +61,16 @@ def tier_capacity(vllm_config: Any, kv_cache_config: Any) -> TierCapacity | None
     if transfer is None or name is None:
         return None
     extra = transfer.kv_connector_extra_config or {}
-    if name in _NATIVE:
-        key, write_through = "cpu_bytes_to_use", True
-    elif name in _PLUGIN:
-        key, write_through = "cpu_bytes", False
-    else:
-        return None
-    if name in _PLUGIN and key not in extra:
-        size = DEFAULT_CPU_BYTES
-    else:
-        try:
-            size = int(float(extra.get(key, 0)))
-        except (TypeError, ValueError):
-            return None  # the connector itself refuses it at start-up
+    try:
+        if name in _NATIVE:
+            size, write_through = int(float(extra.get("cpu_bytes_to_use", 0))), True
+        elif name in _PLUGIN:
+            # The connector's own parser: the same default and validation.
+            size, write_through = OffloadSettings.from_extra_config(extra).cpu_bytes, False
+        else:
+            return None
+    except (TypeError, ValueError):
+        return None  # the connector itself refuses it at start-up
     world = getattr(getattr(vllm_config, "parallel_config", None), "world_size", 1) or 1
     per_block = bytes_per_block(kv_cache_config, world)
     if size <= 0 or per_block <= 0:
