@@ -15,6 +15,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -280,8 +281,11 @@ class CommandRunner:
     returns within about ``timeout_s`` plus the kill's latency.
     """
 
-    # Makes `submit` a command the shell knows.
-    PREAMBLE = f"submit() {{ echo {SUBMIT_TOKEN}; }}\n"
+    # Makes `submit` a command the shell knows, and `python` the Python
+    # running the loop: agents type `python`, and a machine may have only
+    # `python3` (or a login profile that drops the venv from PATH).
+    PREAMBLE = (f"submit() {{ echo {SUBMIT_TOKEN}; }}\n"
+                f"export PATH={shlex.quote(os.path.dirname(sys.executable))}:\"$PATH\"\n")
     ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "cat",
                      "TERM": "dumb", "LESS": "-R", "PYTHONDONTWRITEBYTECODE": "1"}
 
