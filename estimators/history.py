@@ -188,9 +188,6 @@ class JobState:
     # (None: not known): a one-turn conversation that offered none beside
     # an agent's is a side request (a title), ended when the agent arrives.
     tools_offered: bool | None = None
-    # The client sends ``is_last_step`` with the job's turns: it says when
-    # the job ends, so no end is inferred for it (``left_behind``).
-    flags_last_step: bool = False
     # Recent client-overhead samples (``RoundTripOverhead``), or None.
     overhead_samples: deque[float] | None = None
     # The client scope that started the job (``estimators.scopes``): its

@@ -276,36 +276,3 @@ def test_matching_costs_a_bounded_number_of_hash_compares_whatever_the_prompt_le
     assert w.send("big", stranger) is None  # all 8 busy: served as stock
     bound = 8 * 2 * (CHECKPOINTS.bit_length() + 1)
     assert 0 < CountingHash.compares <= bound
-
-
-def _finished(w: World, key: str, first: float, last: float, tool: bool = False) -> None:
-    job = w.jobs[key]
-    job.first_arrival, job.last_finish_time, job.turns_finished, job.had_tool_call = first, last, 1, tool
-
-
-def test_a_resuming_conversation_leaves_behind_the_tool_less_ones_that_went_quiet_around_its_turn():
-    # An AIPerf-style replay: no reply calls a tool, nothing is flagged last.
-    # (Distinct prompts: each is a conversation of its own.)
-    w = World(max_conversations=8)
-    title = w.send("s", request(["title"]))            # a start-up side request
-    main = w.send("s", request(["main-a", "main-b"]))       # the main conversation
-    sub = w.send("s", request(["sub-a", "sub-b"]))    # a sub-agent its turn launched
-    busy = w.send("s", request(["busy-a", "busy-b"]))      # a tool-less one still running
-    agent = w.send("s", request(["agent-a", "agent-b"]))     # waits on its own tool
-    overlap = w.send("s", request(["branch-a", "branch-b"]))  # went quiet after main's turn ended, started before
-    assert len({title, main, sub, busy, agent, overlap}) == 6
-    _finished(w, title, 0.0, 1.0)
-    _finished(w, main, 2.0, 10.0)
-    _finished(w, sub, 11.0, 20.0)
-    _finished(w, busy, 11.0, 15.0)
-    w.jobs[busy].in_flight = 1
-    _finished(w, agent, 11.0, 20.0, tool=True)
-    _finished(w, overlap, 5.0, 12.0)
-    assert sorted(w.c.left_behind(main, 10.0, w.jobs.get, "default")) == sorted([title, sub])
-    # A client that flags its last step says when its conversation ends.
-    w.jobs[title].flags_last_step = True
-    assert w.c.left_behind(main, 10.0, w.jobs.get, "default") == [sub]
-    w.jobs[title].flags_last_step = False
-    # Another client's conversations under the same id are never its to end.
-    w.jobs[sub].scope = "mallory"
-    assert w.c.left_behind(main, 10.0, w.jobs.get, "default") == [title]

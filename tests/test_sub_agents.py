@@ -184,29 +184,3 @@ def test_lapsed_and_abandoned_conversations_leave_every_block_free(s):
     step(s)
     assert snap(s)["pins_released"]["ttl"] == 2
     assert_all_free(s)
-
-
-def test_tool_less_sub_agents_and_side_requests_end_when_their_conversation_resumes(s):
-    # AIPerf replays a session this way: no reply calls a tool, no request
-    # offers tools or says it is the last, every one carries the session id.
-    title = turn(s, prompt_of(12, 60), TITLE)  # a start-up request
-    finish(s, title)
-    main1 = turn(s, prompt_of(13, 120), TITLE)
-    finish(s, main1)
-    s.clock.advance(1.0)
-    sub = turn(s, prompt_of(14, 80), ANSWER)  # the sub-agent main1 launched
-    finish(s, sub)
-    keys = [request_meta(r).job_id for r in (title, main1, sub)]
-    assert len(set(keys)) == 3 and all(k in s.pins for k in keys)
-    s.clock.advance(1.0)
-    main2 = turn(s, next_prompt(main1, 80), TITLE)
-    assert request_meta(main2).job_id == keys[1]
-    # Main's next turn came: what it left behind is over, its pins are free.
-    m = snap(s)
-    assert m["jobs_ended"]["final_answer"] == 2 and m["pins_released"]["last_step"] == 2
-    assert keys[0] not in s.pins and keys[2] not in s.pins
-    assert s.conversations.keys_of(SESSION) == [keys[1]]
-    finish(s, main2)
-    s.clock.advance(TTL_S + 1)
-    step(s)
-    assert_all_free(s)

@@ -219,33 +219,6 @@ class Conversations:
                 found.append(other)
         return found
 
-    def left_behind(self, key: str, since: float, job_of: Callable[[str], JobState | None], scope: str) -> list[str]:
-        """The conversations that ``key``, resuming after its turn that
-        finished at ``since``, left behind: of the same client scope,
-        with a finished turn, nothing in flight and no tool ever called,
-        that either started after that turn (launched by it: a sub-agent)
-        or had finished before it did (a start-up request, a title: quiet
-        through ``key``'s whole turn). Not one that started before and
-        finished after (a branch running beside it). The parent's next
-        turn comes when its sub-agents have answered (Claude Code's
-        ``Task`` returns the sub-agent's final answer), so such a
-        conversation is over even when its client never says so
-        (AIPerf's replays: no reply calls a tool, nothing is flagged last);
-        one whose last turn called a tool is still working and stays, and
-        one whose client sends ``is_last_step`` ends when its client says.
-        O(conversations of the session). The caller ends them."""
-        entry = self._sessions.get(session_of(key))
-        if entry is None:
-            return []
-        found = []
-        for other in entry.conversations:
-            job = job_of(other) if other != key else None
-            if (job is not None and job.scope == scope and job.turns_finished >= 1 and job.in_flight == 0
-                    and not job.had_tool_call and not job.flags_last_step and job.last_finish_time is not None
-                    and (job.first_arrival >= since or job.last_finish_time <= since)):
-                found.append(other)
-        return found
-
     def resolve(
         self,
         request: Any,

@@ -7,10 +7,7 @@ block manager and kernels untouched:
   names a session of up to several conversations (sub-agents, side
   requests): a request acts on the one whose context it continues (its pin
   or a recent turn's prompt), or starts a new one
-  (:class:`~.conversations.Conversations`); never on another's. A
-  conversation's next turn ends the tool-less conversations it left behind
-  (``Conversations.left_behind``: its answered sub-agents, start-up
-  requests). An untagged request whose prompt continues a
+  (:class:`~.conversations.Conversations`); never on another's. An untagged request whose prompt continues a
   finished agent turn is that implicit job's next turn (``implicit_jobs``).
   Measures tool time and queues the request in the job-aware
   ``ContinuumRequestQueue``.
@@ -309,12 +306,6 @@ class ContinuumSchedulerMixin:
                 meta = self._match_implicit_job(request, meta)
             set_request_meta(request, meta)
             if meta.job_id is not None:
-                resumed = self.jobs.get(meta.job_id)
-                if resumed is not None and resumed.in_flight == 0 and resumed.last_finish_time is not None:
-                    # A conversation resumes: what its last turn left behind is over.
-                    for key in self.conversations.left_behind(
-                            meta.job_id, resumed.last_finish_time, self.jobs.get, meta.scope):
-                        self._forget_job(key, "final_answer", "last_step")
                 if meta.tools_offered and self.jobs.get(meta.job_id) is None:  # an agent's new conversation
                     # A title sent before the agent's first turn: its one turn was its last.
                     for key in self.conversations.side_requests(meta.job_id, self.jobs.get, meta.scope):
@@ -340,7 +331,6 @@ class ContinuumSchedulerMixin:
         job, measured, tool_key = self.jobs.on_arrival(meta.job_id, request.arrival_time, meta.scope)
         if meta.tools_offered is not None:  # known from the first turn on (an agent beside a title)
             job.tools_offered = meta.tools_offered
-        job.flags_last_step |= meta.is_last_step is not None
         self.order.credit(request, job)
         if measured is not None and meta.scope != job.scope:
             # Another client's request under this job id: its gap is no tool
