@@ -209,6 +209,22 @@ def calibrate(profiles: Sequence[SimProfile], shapes: Sequence[Shape], aic: dict
     return best
 
 
+def kept_device_section(path: str) -> str:
+    """The GPU measurements' section of the doc at ``path`` (written by
+    scripts/device_step_timing.py on a lent GPU), to be kept when this
+    rewrites the rest; "" when there is none."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from device_step_timing import BEGIN, END
+
+    if not os.path.exists(path):
+        return ""
+    with open(path, encoding="utf-8") as fh:
+        old = fh.read()
+    if BEGIN not in old or END not in old.split(BEGIN, 1)[1]:
+        return ""
+    return "\n" + BEGIN + old.split(BEGIN, 1)[1].split(END, 1)[0] + END + "\n"
+
+
 def render(rows: Sequence[Row], version: str, command: str, constants: RooflineConstants,
            edges: Sequence[str] = ()) -> str:
     lines = [
@@ -285,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if not args.no_write:
         os.makedirs(os.path.dirname(args.output), exist_ok=True)
+        text += kept_device_section(args.output)
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(text)
         print(f"wrote {args.output}", file=sys.stderr)

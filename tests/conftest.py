@@ -34,6 +34,7 @@ FILE_LEVELS = {
     "test_conversations.py": "unit",
     "test_prompt_prefix.py": "unit",
     "test_dashboard.py": "unit",
+    "test_device_step_timing.py": "unit",
     "test_docs_links.py": "unit",
     "test_dtype.py": "unit",
     "test_e2e_agent_clients.py": "e2e",
