@@ -49,7 +49,7 @@ def test_offload_arms_compare_with_stock_native_offloading_at_their_tier():
 def _point(arm, rate, jcts, ttft=0.5):
     sessions = [_session(f"j{i}", jct, ttft) for i, jct in enumerate(jcts)]
     return {"arm": arm, "rate_per_min": rate, "jct_mean_s": sum(jcts) / len(jcts), "makespan_s": 1000.0,
-            "sessions": sessions}
+            "ttft_mean_s": ttft, "queue_mean_s": ttft / 2, "sessions": sessions}
 
 
 def test_the_table_names_each_arms_capacity_against_stock_at_the_same_tier():
@@ -73,3 +73,14 @@ def test_the_table_names_each_arms_capacity_against_stock_at_the_same_tier():
     # 2/min over native offloading's 1/min at the same tier; in flight = rate x mean JCT.
     assert "| continuum-native-offload (64 GiB) | 100% | 100% | 2 | 3.7 | 10 | 2.00x |" in text
     assert "| continuum-offload (64 GiB) | 80% | 100% | none | - | - | - |" in text
+    # What breaks first: fcfs at 2/min, two sessions over 1.3x alone, none over the TTFT bound.
+    assert "| fcfs | 2/min | 10 | 0 | 2 | 0.50 | 0.25 | 128.0 |" in text
+    assert "| continuum-offload (64 GiB) | 1/min | 10 | 0 | 2 |" in text
+    assert not any(line.startswith("| continuum | ") and "/min |" in line for line in lines)  # never fails
+
+
+def test_misses_counts_each_half_of_the_slo_a_session_breaks():
+    solo = {"a": (100.0, 1000), "b": (100.0, 1000), "c": (100.0, 1000), "d": (100.0, 999)}
+    point = {"sessions": [_session("a", 129.0), _session("b", 131.0, ttft=2.5), _session("c", 110.0, ttft=2.5),
+                          _session("d", 500.0, ttft=9.0)]}  # d: another job's content, not judged
+    assert cr.misses(point, solo, SLO) == (3, 2, 1)
