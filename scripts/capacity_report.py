@@ -47,6 +47,7 @@ import argparse
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,34 +73,31 @@ class Slo:
     attainment: float
 
 
-def attainment(point: dict[str, Any], solo: dict[str, tuple[float, int]], slo: Slo) -> float | None:
-    """The share of ``point``'s sessions that keep the SLO (None: no
-    session to judge). ``solo``: each job's JCT served alone and its tokens;
-    a job whose tokens differ from its solo run's is not the same job and is
-    not judged."""
-    judged = kept = 0
+def _judged(point: dict[str, Any], solo: dict[str, tuple[float, int]]) -> Iterator[tuple[dict[str, Any], float]]:
+    """``point``'s sessions that can be judged, each with its JCT served
+    alone: a job whose tokens differ from its solo run's is not the same
+    job and is not judged."""
     for s in point.get("sessions", ()):
         alone, tokens = solo.get(s["job"], (None, None))
-        if alone is None or tokens != s["tokens"]:
-            continue
-        judged += 1
-        kept += s["ttft_p90_s"] <= slo.ttft_p90_s and s["jct_s"] <= slo.jct_factor * alone
-    return kept / judged if judged else None
+        if alone is not None and tokens == s["tokens"]:
+            yield s, alone
+
+
+def attainment(point: dict[str, Any], solo: dict[str, tuple[float, int]], slo: Slo) -> float | None:
+    """The share of ``point``'s sessions that keep the SLO (None: no
+    session to judge). ``solo``: each job's JCT served alone and its tokens."""
+    kept = [s["ttft_p90_s"] <= slo.ttft_p90_s and s["jct_s"] <= slo.jct_factor * alone
+            for s, alone in _judged(point, solo)]
+    return sum(kept) / len(kept) if kept else None
 
 
 def misses(point: dict[str, Any], solo: dict[str, tuple[float, int]], slo: Slo) -> tuple[int, int, int]:
     """``(judged, missing the TTFT bound, missing the JCT bound)`` among
-    ``point``'s sessions (judged as :func:`attainment` does; a session may
-    miss both): which half of the SLO breaks first."""
-    judged = ttft = jct = 0
-    for s in point.get("sessions", ()):
-        alone, tokens = solo.get(s["job"], (None, None))
-        if alone is None or tokens != s["tokens"]:
-            continue
-        judged += 1
-        ttft += s["ttft_p90_s"] > slo.ttft_p90_s
-        jct += s["jct_s"] > slo.jct_factor * alone
-    return judged, ttft, jct
+    ``point``'s sessions (a session may miss both): which half of the SLO
+    breaks first."""
+    judged = list(_judged(point, solo))
+    return (len(judged), sum(s["ttft_p90_s"] > slo.ttft_p90_s for s, _ in judged),
+            sum(s["jct_s"] > slo.jct_factor * alone for s, alone in judged))
 
 
 def capacity(by_rate: dict[float, float | None], slo: Slo) -> float | None:

@@ -6,8 +6,8 @@ Two halves, because vLLM cannot be installed on the lent GPU machine (its
 CUDA wheel is far over what a call can carry, and nothing can be fetched
 there) while PyTorch can:
 
-* ``measure`` (on the GPU, PyTorch only: nothing here imports vLLM or the
-  plugin) builds the model on the GPU itself with random bf16 weights --
+* ``measure`` (on the GPU: PyTorch, and the simulator's stdlib-only
+  model shapes; nothing imports vLLM) builds the model on the GPU itself with random bf16 weights --
   32 layers of fused QKV, rotary embedding, grouped-query attention (8 KV
   heads), SwiGLU MLP and RMSNorm, plus the LM head -- and times, with CUDA
   events (median of ``--repeats`` after a warm-up):
@@ -58,7 +58,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,25 +67,19 @@ BEGIN = "<!-- device-step-timing: written by scripts/device_step_timing.py compa
 END = "<!-- /device-step-timing -->"
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The model's shape (Llama-3.1-8B's by default)."""
+# The model's shape is the simulator profile's own (stdlib only, so it
+# imports on the GPU machine, where the plugin is not installed).
+sys.path.insert(0, ROOT)
+from benchmarks.sim.profiles import LLAMA_3_1_8B, ModelArch  # noqa: E402
 
-    hidden: int = 4096
-    layers: int = 32
-    heads: int = 32
-    kv_heads: int = 8
-    head_dim: int = 128
-    intermediate: int = 14336
-    vocab: int = 128256
-
-    @property
-    def kv_bytes_per_token_per_layer(self) -> int:
-        return 2 * self.kv_heads * self.head_dim * 2  # K and V, bf16
+TINY = ModelArch(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                 intermediate_size=128, vocab_size=256)
 
 
-LLAMA_8B = Shape()
-TINY = Shape(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=256)
+def kv_bytes_per_token_per_layer(shape: ModelArch) -> int:
+    """K and V of one token in one layer."""
+    return shape.kv_bytes_per_token() // shape.num_layers
+
 
 # The grids (issue "Capacity": prefill 1k-32k new over 0-64k cached; decode
 # 1-256 sequences at 4k-64k; copies of 1k-32k tokens of KV).
@@ -106,32 +100,32 @@ TINY_GRID = {"prefill_new": (8, 32), "prefill_cached": (0, 16), "decode_batch": 
 class Model:
     """Random-weight decoder layers, forward passes for timing only."""
 
-    def __init__(self, shape: Shape, device: Any, dtype: Any) -> None:
+    def __init__(self, shape: ModelArch, device: Any, dtype: Any) -> None:
         import torch
 
         self.torch = torch
         self.shape, self.device, self.dtype = shape, device, dtype
         s = shape
-        qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
+        qkv = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
 
         def weight(*dims: int) -> Any:
             return torch.empty(*dims, device=device, dtype=dtype).normal_(0.0, 0.02)
 
         self.layers = [
             {
-                "norm1": torch.ones(s.hidden, device=device, dtype=dtype),
-                "qkv": weight(qkv, s.hidden),
-                "o": weight(s.hidden, s.heads * s.head_dim),
-                "norm2": torch.ones(s.hidden, device=device, dtype=dtype),
-                "gate_up": weight(2 * s.intermediate, s.hidden),
-                "down": weight(s.hidden, s.intermediate),
+                "norm1": torch.ones(s.hidden_size, device=device, dtype=dtype),
+                "qkv": weight(qkv, s.hidden_size),
+                "o": weight(s.hidden_size, s.num_heads * s.head_dim),
+                "norm2": torch.ones(s.hidden_size, device=device, dtype=dtype),
+                "gate_up": weight(2 * s.intermediate_size, s.hidden_size),
+                "down": weight(s.hidden_size, s.intermediate_size),
             }
-            for _ in range(s.layers)
+            for _ in range(s.num_layers)
         ]
-        self.final_norm = torch.ones(s.hidden, device=device, dtype=dtype)
+        self.final_norm = torch.ones(s.hidden_size, device=device, dtype=dtype)
         # How prefill attention runs: "gqa" (native) or "expanded" (see _attend).
         self.attention = "gqa"
-        self.lm_head = weight(s.vocab, s.hidden)
+        self.lm_head = weight(s.vocab_size, s.hidden_size)
 
     def _norm(self, x: Any, w: Any) -> Any:
         torch = self.torch
@@ -154,7 +148,7 @@ class Model:
 
     def _split_qkv(self, h: Any) -> tuple[Any, Any, Any]:
         s = self.shape
-        q, k, v = h.split((s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim), dim=-1)
+        q, k, v = h.split((s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim), dim=-1)
         return q, k, v
 
     def _attend(self, q: Any, k: Any, v: Any, causal: bool) -> Any:
@@ -185,20 +179,20 @@ class Model:
         """One forward pass over ``new`` tokens after ``cached`` ones
         (``kv_cache``: one layer's K and V, [kv_heads, >= cached + new, d])."""
         torch, F, s = self.torch, self.torch.nn.functional, self.shape
-        x = torch.empty(new, s.hidden, device=self.device, dtype=self.dtype).normal_()
+        x = torch.empty(new, s.hidden_size, device=self.device, dtype=self.dtype).normal_()
         positions = torch.arange(cached, cached + new, device=self.device)
         k_cache, v_cache = kv_cache
         for layer in self.layers:
             q, k, v = self._split_qkv(F.linear(self._norm(x, layer["norm1"]), layer["qkv"]))
-            q = self._rope(q.view(new, s.heads, s.head_dim).transpose(0, 1), positions)
-            k = self._rope(k.view(new, s.kv_heads, s.head_dim).transpose(0, 1), positions)
-            v = v.view(new, s.kv_heads, s.head_dim).transpose(0, 1)
+            q = self._rope(q.view(new, s.num_heads, s.head_dim).transpose(0, 1), positions)
+            k = self._rope(k.view(new, s.num_kv_heads, s.head_dim).transpose(0, 1), positions)
+            v = v.view(new, s.num_kv_heads, s.head_dim).transpose(0, 1)
             k_cache[:, cached:cached + new].copy_(k)  # the KV write of the new tokens
             v_cache[:, cached:cached + new].copy_(v)
             out = self._attend(q, k, v, causal=True)
             if cached:
                 out = out + self._attend(q, k_cache[:, :cached], v_cache[:, :cached], causal=False)
-            x = x + F.linear(out.transpose(0, 1).reshape(new, s.heads * s.head_dim), layer["o"])
+            x = x + F.linear(out.transpose(0, 1).reshape(new, s.num_heads * s.head_dim), layer["o"])
             x = self._mlp(x, layer)
         return F.linear(self._norm(x[-1:], self.final_norm), self.lm_head)
 
@@ -206,18 +200,18 @@ class Model:
         """One decode step of ``batch`` sequences at ``context`` tokens each
         (``kv_cache``: [batch, kv_heads, context, d] K and V)."""
         torch, F, s = self.torch, self.torch.nn.functional, self.shape
-        group = s.heads // s.kv_heads
-        x = torch.empty(batch, s.hidden, device=self.device, dtype=self.dtype).normal_()
+        group = s.num_heads // s.num_kv_heads
+        x = torch.empty(batch, s.hidden_size, device=self.device, dtype=self.dtype).normal_()
         positions = torch.full((1,), context, device=self.device)
         k_cache, v_cache = kv_cache
         scale = 1.0 / math.sqrt(s.head_dim)
         for layer in self.layers:
             q, _, _ = self._split_qkv(F.linear(self._norm(x, layer["norm1"]), layer["qkv"]))
-            q = self._rope(q.view(batch, s.kv_heads, group, s.head_dim), positions)
+            q = self._rope(q.view(batch, s.num_kv_heads, group, s.head_dim), positions)
             # Grouped-query attention reading each sequence's KV once.
             scores = torch.einsum("bkgd,bkld->bkgl", q, k_cache) * scale
             out = torch.einsum("bkgl,bkld->bkgd", scores.softmax(dim=-1), v_cache)
-            x = x + F.linear(out.reshape(batch, s.heads * s.head_dim), layer["o"])
+            x = x + F.linear(out.reshape(batch, s.num_heads * s.head_dim), layer["o"])
             x = self._mlp(x, layer)
         return F.linear(self._norm(x, self.final_norm), self.lm_head)
 
@@ -265,7 +259,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    shape = TINY if args.tiny else LLAMA_8B
+    shape = TINY if args.tiny else LLAMA_3_1_8B
     grid = TINY_GRID if args.tiny else {
         "prefill_new": PREFILL_NEW, "prefill_cached": PREFILL_CACHED, "decode_batch": DECODE_BATCH,
         "decode_context": DECODE_CONTEXT, "copy_tokens": COPY_TOKENS,
@@ -279,18 +273,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     model = Model(shape, device, dtype)
     timer = Timer(torch, device, args.repeats)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    progress(f"built {shape.layers}-layer model on {name} ({dtype})")
+    progress(f"built {shape.num_layers}-layer model on {name} ({dtype})")
     out: dict[str, Any] = {
         "device": name, "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
         "shape": asdict(shape), "tiny": bool(args.tiny), "repeats": args.repeats,
         "prefill": [], "decode": [], "copies": [], "skipped": [],
     }
-    per_token = shape.kv_bytes_per_token_per_layer
+    per_token = kv_bytes_per_token_per_layer(shape)
     # Leave room for activations (the 32k-token MLP holds ~2 GB) and the allocator.
     budget = int(_free_bytes(torch, device) * 0.8) - 4 * 2**30 * (not args.tiny)
     with torch.inference_mode():
         longest = max(grid["prefill_cached"]) + max(grid["prefill_new"])
-        kv = tuple(torch.zeros(shape.kv_heads, longest, shape.head_dim, device=device, dtype=dtype)
+        kv = tuple(torch.zeros(shape.num_kv_heads, longest, shape.head_dim, device=device, dtype=dtype)
                    for _ in range(2))
         for cached in grid["prefill_cached"]:
             for new in grid["prefill_new"]:
@@ -305,14 +299,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     out["skipped"].append({"kind": "decode", "batch": batch, "context": context,
                                            "kv_bytes": need})
                     continue
-                kv = tuple(torch.zeros(batch, shape.kv_heads, context, shape.head_dim, device=device, dtype=dtype)
+                kv = tuple(torch.zeros(batch, shape.num_kv_heads, context, shape.head_dim, device=device, dtype=dtype)
                            for _ in range(2))
                 seconds = timer(lambda: model.decode(batch, context, kv))
                 del kv
                 out["decode"].append({"batch": batch, "context": context, "seconds": seconds})
                 progress(f"decode {batch} x {context}: {seconds * 1e3:.2f} ms")
         for tokens in grid["copy_tokens"]:
-            nbytes = tokens * per_token * shape.layers
+            nbytes = tokens * per_token * shape.num_layers
             dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
             host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
             h2d = timer(lambda: dev.copy_(host, non_blocking=True))
@@ -337,7 +331,6 @@ def profile_for(device_name: str) -> str:
 
 
 def _step_model(profile_name: str) -> tuple[Any, Any, Any, Any]:
-    sys.path.insert(0, ROOT)
     from benchmarks.sim.batch import BatchShape, PrefillChunk
     from benchmarks.sim.profiles import PROFILES
     from benchmarks.sim.step_model import RooflineStepModel, pcie_transfer_seconds
@@ -355,7 +348,7 @@ def render(results: dict[str, Any], source: str) -> str:
         "## Measured on a GPU: a Llama-3.1-8B-shaped model in PyTorch",
         "",
         f"`{source}`: {results['device']}, {results['dtype']}, PyTorch {results['torch']}, random weights "
-        f"({results['shape']['layers']} layers; prefill attention {results['attention']}), median of {results['repeats']} after a warm-up, "
+        f"({results['shape']['num_layers']} layers; prefill attention {results['attention']}), median of {results['repeats']} after a warm-up, "
         f"{results['wall_seconds']:.0f} s in all (`python scripts/device_step_timing.py measure`, then "
         "`compare`). PyTorch's own kernels (SDPA, cuBLAS), not vLLM's: an upper bound on vLLM's step "
         f"time for the same shapes. Beside each: the roofline step model of `{profile_name}` "
