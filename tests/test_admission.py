@@ -8,12 +8,15 @@ end, and whenever nothing runs. Time is the scheduler's manual clock.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from vllm.v1.request import RequestStatus
 
 from harness import free_blocks, make_request, make_scheduler, prompt_of, run_until_finished, step, usable_blocks
+from scheduler_turns import job_seed
 from test_scheduler import BLOCK, assert_all_blocks_free, first_turn, next_turn_prompt
+from vllm_continuum_plugin.admission import MIN_RETURN_SAMPLES, RETURN_MARGIN, return_horizon
 
 # 64 blocks of 16 tokens: 63 usable. Job "a" leaves a 40-block context; a new
 # job with a 30-block prompt does not fit beside it.
@@ -86,6 +89,66 @@ def test_a_held_first_turn_passes_once_overdue_or_when_the_job_under_way_goes_qu
     s.clock.advance(3600.0)
     step(s)
     assert_all_blocks_free(s)
+
+
+def _learn_tool_less_returns(s, gap_s: float, turns: int) -> None:
+    """Job "w" comes back ``gap_s`` after each of ``turns`` replies that call
+    no tool (all AIPerf's replay ever sends), then ends: the scope has
+    measured that many gaps after tool-less replies."""
+    prompt = prompt_of(job_seed("w"), 2 * BLOCK)
+    for i in range(turns + 1):
+        request = make_request(prompt, max_tokens=2, job_id="w", is_last_step=i == turns)
+        s.add_request(request)
+        run_until_finished(s, [request])
+        prompt = next_turn_prompt(prompt, request, extra=2)
+        s.clock.advance(gap_s)
+
+
+@pytest.mark.parametrize(
+    ("hint", "counts_after_horizon"),
+    [({}, False), ({"tool_name": "pytest"}, True)],
+    ids=["tool-less-reply", "tool-call"],
+)
+def test_a_job_quiet_past_the_gaps_after_which_tool_less_replies_came_back_stops_counting(hint, counts_after_horizon):
+    """A session whose last reply called no tool may be over (AIPerf never
+    says so): once the job is quiet ``RETURN_MARGIN`` times longer than the
+    scope's tool-less jobs ever took to come back, the newcomer it held
+    passes, long before ``max_ttl_s``; after a tool call the job keeps
+    counting (its tool runs)."""
+    gap_s = 2.0
+    s = make_scheduler(num_blocks=POOL, max_num_seqs=4,
+                       continuum={"ttl_policy": "fixed", "fixed_ttl_s": 2.2, "max_ttl_s": 60.0})
+    _learn_tool_less_returns(s, gap_s, MIN_RETURN_SAMPLES)
+    s.clock.advance(60.0)
+    step(s)
+    assert_all_blocks_free(s)
+    prompt, r1 = first_turn(s, "a", length=A_TOKENS, extra=hint)
+    chat = make_request(prompt_of(500, 2 * BLOCK), max_tokens=400)  # keeps the engine busy
+    s.add_request(chat)
+    step(s)
+    newcomer = make_request(prompt_of(600, NEW_TOKENS), max_tokens=4, job_id="b", is_last_step=True)
+    s.add_request(newcomer)
+    s.clock.advance(RETURN_MARGIN * gap_s - 0.1)  # a's pin lapsed; a returning job may still come
+    step(s)
+    assert not _scheduled(s, newcomer)
+    s.clock.advance(0.2)  # past RETURN_MARGIN times the longest gap seen
+    step(s)
+    assert _scheduled(s, newcomer) is not counts_after_horizon
+    s.clock.advance(60.0)  # past max_ttl_s: every job quiet that long stops counting
+    step(s)
+    assert _scheduled(s, newcomer)
+    run_until_finished(s, [newcomer, chat])
+    s.clock.advance(3600.0)
+    step(s)
+    assert_all_blocks_free(s)
+
+
+def test_return_horizon_needs_enough_gaps_and_never_exceeds_the_gates_own():
+    assert return_horizon(None, 60.0) == 60.0
+    assert return_horizon(np.full(MIN_RETURN_SAMPLES - 1, 2.0), 60.0) == 60.0
+    gaps = np.sort(np.concatenate([np.full(99, 2.0), [10.0]]))
+    assert return_horizon(gaps, 60.0) == pytest.approx(RETURN_MARGIN * 10.0)  # the p99 is the longest of 100
+    assert return_horizon(gaps * 10, 60.0) == 60.0
 
 
 def test_an_idle_engine_admits_the_held_turn():

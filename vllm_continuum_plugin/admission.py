@@ -8,8 +8,15 @@ the admitted ones keep their contexts and finish fast.
 
 * A job is *under way* from its first admitted turn until its last turn
   ends, while it has a turn running or waiting, or its last turn finished
-  less than ``quiet_after_s`` ago (``max_ttl_s``: no TTL holds a context
-  longer, so a job quiet for that long no longer counts on its KV).
+  less than its quiet horizon ago: ``quiet_after_s`` (``max_ttl_s``: no TTL
+  holds a context longer, so a job quiet for that long no longer counts on
+  its KV), or for a turn whose reply called no tool the horizon
+  :func:`return_horizon` learns from the scope's measured gaps after such
+  replies. A reply without a tool call may be the session's last (a client
+  that never says so, such as AIPerf's replay, ends every session that way),
+  and a job quiet well past the gaps after which such jobs did come back
+  has most likely ended: counting it until ``max_ttl_s`` would hold
+  newcomers behind a session that is gone.
 * Its *footprint* is its context's blocks as last seen (the prompt of its
   admitted turn, then everything the turn computed). A turn whose TTL chose
   not to hold its context (freed or offloaded) holds nothing: the job
@@ -63,20 +70,44 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from vllm.v1.request import Request
 
 from .estimators.history import SlidingMean
 from .prompt_prefix import PromptPrefix
 
-__all__ = ["GROWTH_WINDOW", "MIN_GROWTH_SAMPLES", "AdmissionGate"]
+__all__ = ["GROWTH_WINDOW", "MIN_GROWTH_SAMPLES", "MIN_RETURN_SAMPLES", "AdmissionGate", "return_horizon"]
 
 # Ended jobs whose growth the forecast averages, and how many must have
 # ended before it forecasts at all.
 GROWTH_WINDOW = 256
 MIN_GROWTH_SAMPLES = 8
+# The quiet horizon after a reply without a tool call (``return_horizon``):
+# this quantile of the measured gaps after which such jobs came back, times
+# the margin, once the scope has measured this many.
+RETURN_QUANTILE = 0.99
+RETURN_MARGIN = 1.2
+MIN_RETURN_SAMPLES = 32
 # Jobs whose size at first admission is remembered for their growth sample
 # (the oldest go first past this: a job that never ends gives no sample).
 MAX_TRACKED_JOBS = 65536
+
+
+def return_horizon(gaps: np.ndarray | None, longest_s: float) -> float:
+    """How long a job whose last reply called no tool counts as under way.
+
+    ``gaps`` are the sorted gaps (seconds) after which jobs of the scope came
+    back after such a reply; ``longest_s`` the gate's horizon for every job.
+    With at least ``MIN_RETURN_SAMPLES`` gaps: ``RETURN_MARGIN`` times their
+    ``RETURN_QUANTILE`` quantile, at most ``longest_s``; else ``longest_s``.
+    Gaps measure only the jobs that did come back, so the horizon bounds how
+    long a returning job can be out of the demand: with the margin, almost
+    never; a job that ended leaves the demand after it, not after
+    ``longest_s``."""
+    if gaps is None or len(gaps) < MIN_RETURN_SAMPLES:
+        return longest_s
+    quantile = float(gaps[min(len(gaps) - 1, int(RETURN_QUANTILE * len(gaps)))])
+    return min(longest_s, RETURN_MARGIN * quantile)
 
 
 @dataclass
@@ -93,6 +124,9 @@ class _Footprint:
     shared_key: Any = None
     # When its last turn finished (None while one is in flight).
     finished_at: float | None = None
+    # How long after that it stops counting (the gate's horizon, or its
+    # reply's ``return_horizon``).
+    quiet_after_s: float = math.inf
 
 
 class AdmissionGate:
@@ -166,12 +200,17 @@ class AdmissionGate:
         if len(self._sizes) > MAX_TRACKED_JOBS:
             del self._sizes[next(iter(self._sizes))]
 
-    def on_turn_finished(self, job_id: str, request: Request, now: float) -> None:
-        """A non-final turn finished: the job waits on its tool with this context."""
+    def on_turn_finished(self, job_id: str, request: Request, now: float,
+                         quiet_after_s: float | None = None) -> None:
+        """A non-final turn finished: the job waits on its tool with this
+        context, for at most ``quiet_after_s`` (the gate's horizon when None
+        or longer)."""
         footprint = self._jobs.get(job_id)
         if footprint is not None:
             footprint.blocks = max(footprint.shared, request.num_tokens // self.block_size)
             footprint.finished_at = now
+            footprint.quiet_after_s = (self.quiet_after_s if quiet_after_s is None
+                                       else min(self.quiet_after_s, quiet_after_s))
             self._note_size(job_id, footprint.blocks)
             self._version += 1
 
@@ -203,7 +242,7 @@ class AdmissionGate:
     def demand_blocks(self, now: float) -> int:
         """Blocks the jobs under way hold, shared prefixes once; drops jobs
         quiet for too long."""
-        quiet = [j for j, f in self._jobs.items() if f.finished_at is not None and now - f.finished_at >= self.quiet_after_s]
+        quiet = [j for j, f in self._jobs.items() if f.finished_at is not None and now - f.finished_at >= f.quiet_after_s]
         for job_id in quiet:
             del self._jobs[job_id]
         prefixes: dict[Any, int] = {}
@@ -257,7 +296,7 @@ class AdmissionGate:
             # A quiet job leaving the demand may open the gate.
             for f in self._jobs.values():
                 if f.finished_at is not None:
-                    valid_until = min(valid_until, f.finished_at + self.quiet_after_s)
+                    valid_until = min(valid_until, f.finished_at + f.quiet_after_s)
         self._decision = decision
         self._decided = (self._version, running)
         self._valid_until = valid_until

@@ -81,7 +81,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from .admission import AdmissionGate
+from .admission import AdmissionGate, return_horizon
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
@@ -480,7 +480,7 @@ class ContinuumSchedulerMixin:
             job.had_tool_call |= call is not None
             job.tools_offered = meta.tools_offered
         if self.admission is not None:
-            self.admission.on_turn_finished(job_id, request, now)
+            self.admission.on_turn_finished(job_id, request, now, self._quiet_horizon(tool_key, meta.scope))
         if job is not None:  # set again below when this turn is decided
             job.last_predicted_s = job.last_tool_s = None
             job.last_context_tokens = request.num_tokens
@@ -531,6 +531,17 @@ class ContinuumSchedulerMixin:
         self.pins.pin(
             request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
         )
+
+    def _quiet_horizon(self, tool_key: str, scope: str) -> float | None:
+        """How long the gate counts a job quiet after this turn: after a
+        reply that called no tool, what the scope's gaps after such replies
+        say (``admission.return_horizon``); else the gate's own horizon."""
+        if tool_key != NO_TOOL_KEY:
+            return None
+        history = self.tool_history.get(scope)
+        samples = history.samples(NO_TOOL_KEY) if history is not None else None
+        assert self.admission is not None
+        return return_horizon(samples.as_array() if samples is not None else None, self.admission.quiet_after_s)
 
     def _stock_free(self, request: Request) -> None:
         super()._free_request_blocks(request)  # type: ignore[misc]
