@@ -201,6 +201,59 @@ def profile_section(
     return lines, shares, caps_by_arm
 
 
+# Where a returning turn's TTFT goes under vLLM's native offloading: the arms
+# whose loads are asynchronous (a turn waits for its prefix before it runs).
+NATIVE_ARMS = ("native-offload", "continuum-native-offload")
+DEFAULT_TTFT_RATE = {"h100-llama8b": 1.0, "h100-llama70b-tp4": 0.5}
+
+
+def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
+                 per_tier: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """TTFT under each native-offloading arm at ``rate``, split into the
+    wait for the host tier's loads, the rest of the queueing (room in the GPU
+    pool, a place in the batch) and the first step; against the oracle's.
+    Prefetching a context before its turn returns can remove at most the
+    first part: the table says whether that alone could bring the mean TTFT
+    within 2x the oracle's."""
+    lines = [f"### Where the TTFT goes under vLLM's native offloading, {prof}, {rate:g} sessions/min", "",
+             "Mean per turn: the wait for its prefix to load from the host tier (vLLM's asynchronous "
+             "loads), the rest of its queueing (waiting for room in the GPU pool or a place in the batch) "
+             "and the time from its first scheduled step to its first token. `without loads` is the TTFT "
+             "if every load had finished before its turn arrived: the most prefetching could give.", "",
+             "| arm | TTFT mean s | load wait s | other queueing s | first step to token s | "
+             "without loads s | JCT mean s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    if oracle is not None:
+        lines.append(f"| oracle | {oracle['ttft_mean_s']:.2f} | 0.00 | {oracle['queue_mean_s']:.2f} | "
+                     f"{oracle['ttft_mean_s'] - oracle['queue_mean_s']:.2f} | {oracle['ttft_mean_s']:.2f} | "
+                     f"{oracle['jct_mean_s']:.1f} |")
+    verdicts = []
+    reachable = False
+    for tier, pts in per_tier.items():
+        for p in pts:
+            load = p["load_wait_mean_s"]
+            without = p["ttft_mean_s"] - load
+            lines.append(f"| {p['arm']} ({tier} GiB) | {p['ttft_mean_s']:.2f} | {load:.2f} | "
+                         f"{p['queue_mean_s'] - load:.2f} | {p['ttft_mean_s'] - p['queue_mean_s']:.2f} | "
+                         f"{without:.2f} | {p['jct_mean_s']:.1f} |")
+            if oracle is not None:
+                bar = 2 * oracle["ttft_mean_s"]
+                reachable |= without <= bar
+                verdicts.append(f"`{p['arm']}` at {tier} GiB: {p['ttft_mean_s']:.2f} s, of which loads "
+                                f"{load:.2f} s ({load / p['ttft_mean_s']:.0%}); without them {without:.2f} s, "
+                                f"{'within' if without <= bar else 'above'} 2x the oracle's ({bar:.2f} s)")
+    lines.append("")
+    if verdicts:
+        lines += ["- " + v + "." for v in verdicts]
+        lines += ["", "So prefetching contexts before their turns return "
+                  + ("could bring the mean TTFT within 2x the oracle's for some arm here."
+                     if reachable else
+                     "cannot bring the mean TTFT within 2x the oracle's here, on any arm or tier: the turns "
+                     "wait for room in the GPU pool (the oracle's pool never fills), not for their loads; "
+                     "a prefetch would take that room earlier."), ""]
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--step-model", default="roofline", choices=["roofline", "aiconfigurator"])
@@ -217,6 +270,9 @@ def main() -> int:
                     help="a session's JCT over its JCT served alone (default: %(default)s)")
     ap.add_argument("--attainment", type=float, default=0.9,
                     help="share of sessions that must keep the SLO (default: %(default)s)")
+    ap.add_argument("--ttft-rate", default="",
+                    help="rate (sessions/min) at which the TTFT under native offloading is split into its "
+                         f"parts, per profile (default: {DEFAULT_TTFT_RATE}; 0: not at all)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "sim", "capacity"))
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "capacity.md"))
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "capacity.png"))
@@ -263,6 +319,13 @@ def main() -> int:
                                                        "--offload-gib", t]) for t in tiers}
         section, shares, caps_by_arm = profile_section(prof, solo, pts, caps, cap_arms, per_tier, slo)
         lines += section
+        ttft_rate = float(args.ttft_rate) if args.ttft_rate else DEFAULT_TTFT_RATE.get(prof, 0.0)
+        if ttft_rate > 0:
+            # Its own runs (the sweep's results predate the records of load waits); same arrivals.
+            split = {t: point(f"{prof}-ttft-{t}g", [*base, "--rate", f"{ttft_rate:g}", "--policies",
+                                                      ",".join(NATIVE_ARMS), "--offload-gib", t]) for t in tiers}
+            oracle = arm_series(pts, "oracle").get(ttft_rate)
+            lines += ttft_section(prof, ttft_rate, oracle, split)
         plots.append((prof, shares))
         summary.append(f"- {prof}: " + "; ".join(
             f"{arm} {'none' if cap is None else f'{cap:g}/min'}" for arm, cap in caps_by_arm.items()))

@@ -84,3 +84,25 @@ def test_misses_counts_each_half_of_the_slo_a_session_breaks():
     point = {"sessions": [_session("a", 129.0), _session("b", 131.0, ttft=2.5), _session("c", 110.0, ttft=2.5),
                           _session("d", 500.0, ttft=9.0)]}  # d: another job's content, not judged
     assert cr.misses(point, solo, SLO) == (3, 2, 1)
+
+
+def test_the_ttft_split_says_what_prefetching_could_give_at_most():
+    oracle = {"arm": "oracle", "ttft_mean_s": 0.2, "queue_mean_s": 0.05, "jct_mean_s": 1000.0}
+
+    def native(arm, ttft, queue, load):
+        return {"arm": arm, "ttft_mean_s": ttft, "queue_mean_s": queue, "load_wait_mean_s": load,
+                "jct_mean_s": 1100.0}
+
+    lines = cr.ttft_section("h100-llama8b", 1.0, oracle, {
+        "64": [native("native-offload", 1.6, 1.4, 0.05)],  # queueing for the pool, not for loads
+        "256": [native("continuum-native-offload", 0.9, 0.7, 0.6)],  # mostly loads
+    })
+    text = "\n".join(lines)
+    assert "| oracle | 0.20 | 0.00 | 0.05 | 0.15 | 0.20 | 1000.0 |" in text
+    # TTFT = load wait + other queueing + first step; without loads: TTFT - load wait.
+    assert "| native-offload (64 GiB) | 1.60 | 0.05 | 1.35 | 0.20 | 1.55 | 1100.0 |" in text
+    assert "without them 1.55 s, above 2x the oracle's (0.40 s)" in text
+    assert "without them 0.30 s, within 2x the oracle's (0.40 s)" in text
+    assert "could bring the mean TTFT within 2x the oracle's for some arm here" in text
+    lines = cr.ttft_section("h100-llama8b", 1.0, oracle, {"64": [native("native-offload", 1.6, 1.4, 0.05)]})
+    assert "cannot bring the mean TTFT within 2x the oracle's here" in "\n".join(lines)

@@ -83,6 +83,10 @@ class TurnRecord:
     first_token_s: float | None = None
     finish_s: float | None = None
     cached_tokens: int = 0  # prefix-cache hit at first admission
+    # Seconds the turn waited for its prefix to load from a host tier
+    # (vLLM's asynchronous OffloadingConnector: from the load's start to its
+    # report), part of ``queueing_s``; 0 when nothing was loaded so.
+    load_wait_s: float = 0.0
     prefill_tokens: int = 0  # prompt tokens computed, every admission counted (preemption recomputes)
     preemptions: int = 0
 
@@ -257,6 +261,8 @@ class ReplayEngine:
         self._events: list[tuple[float, int, int, int]] = []  # (time, seq, job, turn)
         self._seq = 0
         self._live: dict[str, _Live] = {}
+        # Requests whose asynchronous load is in flight -> when it started.
+        self._loading: dict[str, float] = {}
         self._prompts: dict[int, tuple[tuple[Segment, ...], list[int]]] = {}  # job -> its last prompt's ids
         self._index = {job.job_id: i for i, job in enumerate(self.jobs)}
         # (parent job, turn) -> the sub-agent jobs that turn launches.
@@ -553,6 +559,8 @@ class ReplayEngine:
         if self.offload_worker is None:
             return _NO_COPIES
         copies = self.offload_worker.submit(output, self.now())
+        for req_id in copies.load_requests:
+            self._loading.setdefault(req_id, self.now())
         self.records.loaded_tokens += copies.loaded_tokens
         self.records.stored_tokens += copies.stored_tokens
         return copies
@@ -562,8 +570,13 @@ class ReplayEngine:
         report anything."""
         if self.offload_worker is None:
             return False
-        runner_output.kv_connector_output = self.offload_worker.report(self.now())
-        return runner_output.kv_connector_output is not None
+        out = runner_output.kv_connector_output = self.offload_worker.report(self.now())
+        for req_id in (out.finished_recving or ()) if out is not None else ():
+            started = self._loading.pop(req_id, None)
+            live = self._live.get(req_id)
+            if started is not None and live is not None:
+                live.record.load_wait_s += self.now() - started
+        return out is not None
 
     def free_blocks(self) -> tuple[int, int]:
         """(free, usable) KV blocks of the pool (the null block excluded)."""

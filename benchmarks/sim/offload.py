@@ -70,6 +70,9 @@ class OffloadCopies:
     stored_tokens: int = 0
     synchronous: bool = True
     stall_s: float = 0.0
+    # Requests whose prefix starts loading in this step, asynchronously (they
+    # wait in WAITING_FOR_REMOTE_KVS until the load is reported done).
+    load_requests: tuple[str, ...] = ()
 
 
 class OffloadWorker(Protocol):
@@ -200,6 +203,7 @@ class SimulatedNativeOffloadWorker:
             stored += self._start(job_id, stores.pop(job_id), now_s, is_load=False)[0]
         for job_id, job in meta.load_jobs.items():
             loaded += self._start(job_id, job, now_s, is_load=True)[0]
+        load_requests = tuple(dict.fromkeys(job.req_id for job in meta.load_jobs.values()))
         # The step waits for the flushed stores (a block is about to be reused).
         stall_until = max((end for end, job_id, *_ in self._in_flight if job_id in flush), default=now_s)
         # prepare_store_kv: this step's stores start with the next step.
@@ -208,7 +212,8 @@ class SimulatedNativeOffloadWorker:
                 stored += self._start(job_id, job, now_s, is_load=False)[0]
         else:
             self._deferred_stores = stores
-        return OffloadCopies(loaded, stored, synchronous=False, stall_s=max(0.0, stall_until - now_s))
+        return OffloadCopies(loaded, stored, synchronous=False, stall_s=max(0.0, stall_until - now_s),
+                             load_requests=load_requests)
 
     def report(self, end_s: float) -> KVConnectorOutput | None:
         """get_finished + build_connector_worker_meta: every job whose copy

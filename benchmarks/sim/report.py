@@ -32,6 +32,8 @@ class ArmSummary:
     ttft_mean_s: float
     ttft_p90_s: float
     queue_mean_s: float
+    # Of the queueing, the mean wait for a host tier's asynchronous loads.
+    load_wait_mean_s: float
     # Longest a job waited from its arrival until its first turn was first
     # scheduled (the admission gate's, a session cap's and the queue's wait):
     # the starvation bound that a policy must state, as measured.
@@ -91,6 +93,7 @@ def summarize_run(arm: str, records: RunRecords) -> ArmSummary:
         ttft_mean_s=_mean(ttft),
         ttft_p90_s=percentile(ttft, 90) if ttft else math.nan,
         queue_mean_s=_mean([t.queueing_s for t in turns]),
+        load_wait_mean_s=_mean([t.load_wait_s for t in turns]),
         first_wait_max_s=max(
             (t.first_scheduled_s - records.job_arrival_s[t.job_id] for t in turns
              if t.turn == 0 and t.first_scheduled_s is not None and t.job_id in records.job_arrival_s),
@@ -153,6 +156,7 @@ _COLUMNS = [
     ("jct_p90_s", "JCT p90 s", ".2f"),
     ("ttft_mean_s", "TTFT mean s", ".3f"),
     ("queue_mean_s", "queue mean s", ".3f"),
+    ("load_wait_mean_s", "load wait s", ".3f"),
     ("first_wait_max_s", "first wait max s", ".2f"),
     ("hit_share", "hit share", ".3f"),
     ("recomputed_tokens", "recomputed tok", "d"),
