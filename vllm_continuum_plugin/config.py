@@ -67,7 +67,9 @@ class ContinuumConfig:
     ttl_policy: str = "priced"
     # TTL used before cold_start_samples tool durations have been measured.
     default_ttl_s: float = ranged(2.0, _SECONDS)
-    # Upper bound on any TTL (at most a day: a longer pin is a leak).
+    # Upper bound on any TTL (at most a day: a longer pin is a leak), and the
+    # longest the admission gate counts a quiet job (admission.return_horizon
+    # shortens it after a reply without a tool call).
     max_ttl_s: float = ranged(60.0, _SECONDS)
     # Upper bound on a client's declared retention (retention directives'
     # durations, and the hold of a range without one); 0 ignores directives.
