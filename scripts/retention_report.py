@@ -38,6 +38,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scripts.sim_report import load, run  # noqa: E402
+from vllm_continuum_plugin.config import ContinuumConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORDER = ["fcfs", "continuum-paper", "continuum", "context_serve", "continuum-offload", "native-offload",
@@ -65,7 +66,8 @@ SYNTHETIC_HIGH, SYNTHETIC_LOW = 15.0, 1.2  # sessions/min
 # loads between are docs/simulator.md's sweep.
 TRACE_LOADS = {"h100-llama8b": (0.1, 1.0), "h100-llama70b-tp4": (0.1, 0.5)}
 TRACE_LOW_SESSIONS = 20
-WAIT_BOUND_S = 600.0  # job_priority_window_s: the gate's documented bound on a first turn's wait
+# The defaults of the settings below (the report runs the plugin's defaults).
+DEFAULTS = ContinuumConfig()
 # Plain admission: fixed caps on sessions in flight, to find the best one.
 SYNTHETIC_CAPS = "fcfs-cap10,fcfs-cap16,fcfs-cap22,fcfs-cap30"
 TRACE_CAPS = "fcfs-cap8,fcfs-cap12,fcfs-cap16,fcfs-cap24"
@@ -73,8 +75,8 @@ PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
 # The settings the gate and the TTL rule read, each swept around its default
 # on the synthetic high load (the rest of the constants are argued away in
 # their docstrings: MIN_HOLD_PRICE only keeps a quotient finite).
-SWEEP = {"max_ttl_s": (30, 60, 120), "job_priority_window_s": (300, 600, 1200)}
-SWEEP_DEFAULTS = {"max_ttl_s": 60, "job_priority_window_s": 600}
+SWEEP = {"max_ttl_s": (30, 60, 120), "admission_max_wait_s": (600, 1200, 2400)}
+SWEEP_DEFAULTS = {key: getattr(DEFAULTS, key) for key in SWEEP}
 SPREAD = "--workload spread --shared-system --sessions 60"
 
 
@@ -244,7 +246,7 @@ def main() -> int:
         "their JCT), run apart on the same arrivals; `oracle` a pool that never evicts (the bound).",
         "`gap closed` is the share of the FCFS to oracle mean-JCT gap. `first wait max s` is the longest any",
         "job waited from its arrival until its first turn was scheduled (gate, cap and queue together); the",
-        f"gate's documented bound on its own hold is `job_priority_window_s` = {WAIT_BOUND_S:g} s.",
+        f"gate's documented bound on its own hold is `admission_max_wait_s` = {DEFAULTS.admission_max_wait_s:g} s.",
         "",
         f"## Synthetic coding agent, H100 + Llama-3.1-8B, {SYNTHETIC_HIGH:g} sessions/min (working set ~2x the pool)",
         "",
@@ -283,8 +285,8 @@ def main() -> int:
     lines += [
         f"## The settings the policy reads, swept: synthetic coding agent, {SYNTHETIC_HIGH:g} sessions/min (continuum, same arrivals)",
         "",
-        "`max_ttl_s` bounds every TTL and is how long the gate counts a quiet job; `job_priority_window_s`",
-        "bounds how far a job's rank reaches back and how long the gate may hold a first turn.",
+        "`max_ttl_s` bounds every TTL and is how long the gate counts a quiet job at most;",
+        "`admission_max_wait_s` is how long the gate may hold a first turn.",
         "",
         "| setting | value | JCT mean s | gap closed | first wait max s |",
         "|---|---:|---:|---:|---:|",
