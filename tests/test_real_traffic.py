@@ -212,6 +212,26 @@ def test_a_job_whose_ttl_chose_not_to_hold_is_not_counted_by_the_gate():
     assert_all_blocks_free(s)
 
 
+@pytest.mark.parametrize(("expected_s", "counted"), [(30.0, True), (600.0, False)])
+def test_a_freed_context_predicted_back_within_the_gates_horizon_still_counts(expected_s, counted):
+    """A TTL of 0 frees the context (the tool outlasts what holding it is
+    worth), but a tool predicted back within the gate's horizon (``max_ttl_s``)
+    returns to blocks still in the prefix cache: the gate keeps counting
+    them rather than admit a newcomer in their place (ContextServe frees
+    every SLOW tool's context, a 10 s one too). One predicted back later
+    leaves the demand."""
+    s = make_scheduler(num_blocks=96)
+    r = make_request(prompt_of(62, 20 * BLOCK), max_tokens=4, job_id="j", is_last_step=False,
+                     extra={"expected_tool_seconds": expected_s})
+    s.add_request(r)
+    run_until_finished(s, [r])
+    assert "j" not in s.pins  # the hint outlasts a rebuild of 20 blocks: TTL 0
+    assert (s.admission.demand_blocks(s.clock.time()) >= 20) is counted
+    s.clock.advance(3600.0)
+    step(s)
+    assert_all_blocks_free(s)
+
+
 @pytest.mark.parametrize("forecast", [True, False])
 def test_the_gate_counts_a_job_at_the_size_jobs_grow_to_when_forecasting(forecast):
     s = make_scheduler(num_blocks=256, continuum={**FIXED, "admission_forecast": forecast})

@@ -524,7 +524,7 @@ class ContinuumSchedulerMixin:
             # What the client declared is still held, for the job's next
             # turn to take over (then the gate counts the job as holding).
             self.declared.free(request, job_id)
-            self._holds_nothing(job_id)
+            self._holds_nothing(job_id, decision.predicted_seconds)
             return
         if self.declared.apply(request, job_id, decision.ttl_s, tool_key, fence):
             return
@@ -546,9 +546,16 @@ class ContinuumSchedulerMixin:
     def _stock_free(self, request: Request) -> None:
         super()._free_request_blocks(request)  # type: ignore[misc]
 
-    def _holds_nothing(self, job_id: str) -> None:
+    def _holds_nothing(self, job_id: str, returns_in_s: float | None = None) -> None:
         """The job's finished turn keeps no blocks (its TTL chose not to
-        hold, or pinning is off): the gate stops counting it as holding."""
+        hold, or pinning is off): the gate stops counting it as holding --
+        unless its tool is predicted back (``returns_in_s``) within the
+        gate's horizon: its blocks are still in the prefix cache, and a
+        newcomer admitted in their place would make it rebuild them
+        (ContextServe frees a SLOW tool's context at once, and a 10 s tool
+        is SLOW)."""
+        if returns_in_s is not None and self.admission is not None and returns_in_s <= self.admission.quiet_after_s:
+            return
         if self.admission is not None and self.gate_tier is None and job_id not in self.pins:
             # (With a host tier the context leaving the GPU is still kept:
             # the job stays in the gate's demand.)
