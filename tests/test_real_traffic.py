@@ -212,6 +212,28 @@ def test_a_job_whose_ttl_chose_not_to_hold_is_not_counted_by_the_gate():
     assert_all_blocks_free(s)
 
 
+def test_a_slow_verdict_without_a_duration_counts_when_the_tool_came_back_soon_before():
+    """ContextServe's rules call a Task SLOW (TTL 0) and give no duration:
+    the first time, nothing says when it returns and the job leaves the
+    gate's demand; once the scope has measured Task coming back in 5 s, the
+    freed context counts until then (its blocks are still cached)."""
+    s = make_scheduler("context_serve", num_blocks=96, continuum=FIXED)
+    task = tiny_tokens('<tool_call>\n{"name": "Task", "arguments": {"prompt": "find the bug"}}\n</tool_call>')
+    prompt = prompt_of(63, 20 * BLOCK)
+    r1 = scripted(make_request(prompt, max_tokens=len(task) + 1, job_id="t"), task + [EOS])
+    s.add_request(r1)
+    run_until_finished(s, [r1])
+    assert "t" not in s.pins and s.admission.demand_blocks(s.clock.time()) == 0
+    s.clock.advance(5.0)
+    prompt = prompt + task + [EOS] + list(range(20, 60))
+    r2 = scripted(make_request(prompt, max_tokens=len(task) + 1, job_id="t"), task + [EOS])
+    s.add_request(r2)
+    run_until_finished(s, [r2])
+    assert "t" not in s.pins and s.admission.demand_blocks(s.clock.time()) >= 20
+    lapse_every_pin(s)
+    assert_all_blocks_free(s)
+
+
 @pytest.mark.parametrize(("expected_s", "counted"), [(30.0, True), (600.0, False)])
 def test_a_freed_context_predicted_back_within_the_gates_horizon_still_counts(expected_s, counted):
     """A TTL of 0 frees the context (the tool outlasts what holding it is

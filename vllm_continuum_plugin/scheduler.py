@@ -85,7 +85,7 @@ from .admission import AdmissionGate, return_horizon
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
-from .decisions import Decider, make_decider
+from .decisions import Decider, PinDecision, make_decider
 from .declared_holds import DeclaredHolds
 from .estimators.parser import NO_TOOL_KEY, ToolCall
 from .estimators.prefill import PrefillCostModel, PrefillTimer
@@ -524,13 +524,23 @@ class ContinuumSchedulerMixin:
             # What the client declared is still held, for the job's next
             # turn to take over (then the gate counts the job as holding).
             self.declared.free(request, job_id)
-            self._holds_nothing(job_id, decision.predicted_seconds)
+            self._holds_nothing(job_id, self._predicted_return(decision, tool_key, meta.scope))
             return
         if self.declared.apply(request, job_id, decision.ttl_s, tool_key, fence):
             return
         self.pins.pin(
             request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
         )
+
+    def _predicted_return(self, decision: PinDecision, tool_key: str, scope: str) -> float | None:
+        """When the job's tool is expected back: the decider's estimate; for
+        a classifier's verdict without one (ContextServe's rules call a tool
+        SLOW and say no more), the tool's measured mean in the scope; else
+        None (Continuum's TTL rule prices holding, it predicts no return)."""
+        if decision.predicted_seconds is not None or decision.speed is None:
+            return decision.predicted_seconds
+        history = self.tool_history.get(scope)
+        return history.mean(tool_key) if history is not None else None
 
     def _quiet_horizon(self, tool_key: str, scope: str) -> float | None:
         """How long the gate counts a job quiet after this turn: after a
