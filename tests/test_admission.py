@@ -50,6 +50,14 @@ def _scheduled(s, request) -> bool:
     return request.num_computed_tokens > 0
 
 
+def _drain(s, *requests) -> None:
+    """Run ``requests`` to the end, let every pin lapse: all blocks free."""
+    run_until_finished(s, list(requests))
+    s.clock.advance(3600.0)
+    step(s)
+    assert_all_blocks_free(s)
+
+
 def test_a_new_job_waits_while_the_job_under_way_fills_the_pool_and_its_next_turn_hits():
     s, prompt, r1, chat, newcomer = _gated()
     for _ in range(5):
@@ -85,10 +93,7 @@ def test_a_held_first_turn_passes_once_overdue_or_when_the_job_under_way_goes_qu
     s.clock.advance(wait_s)
     step(s)
     assert _scheduled(s, newcomer)
-    run_until_finished(s, [newcomer, chat])
-    s.clock.advance(3600.0)
-    step(s)
-    assert_all_blocks_free(s)
+    _drain(s, newcomer, chat)
 
 
 def _learn_tool_less_returns(s, gap_s: float, turns: int) -> None:
@@ -137,10 +142,7 @@ def test_a_job_quiet_past_the_gaps_after_which_tool_less_replies_came_back_stops
     s.clock.advance(60.0)  # past max_ttl_s: every job quiet that long stops counting
     step(s)
     assert _scheduled(s, newcomer)
-    run_until_finished(s, [newcomer, chat])
-    s.clock.advance(3600.0)
-    step(s)
-    assert_all_blocks_free(s)
+    _drain(s, newcomer, chat)
 
 
 def test_return_horizon_needs_enough_gaps_and_never_exceeds_the_gates_own():
@@ -158,10 +160,7 @@ def test_an_idle_engine_admits_the_held_turn():
     s.add_request(newcomer)
     step(s)  # nothing runs: the gate must not idle the engine
     assert _scheduled(s, newcomer)
-    run_until_finished(s, [newcomer])
-    s.clock.advance(3600.0)
-    step(s)
-    assert_all_blocks_free(s)
+    _drain(s, newcomer)
 
 
 def test_without_the_gate_the_newcomer_evicts_the_job_under_way():
@@ -189,10 +188,7 @@ def test_an_aborted_held_turn_leaves_no_trace():
     s.finish_requests([newcomer.request_id], RequestStatus.FINISHED_ABORTED)
     step(s)
     assert newcomer.request_id not in s.requests and not s.admission._new
-    run_until_finished(s, [chat])
-    s.clock.advance(3600.0)
-    step(s)
-    assert_all_blocks_free(s)
+    _drain(s, chat)
 
 
 def _tiered(tier_blocks: int):
@@ -239,9 +235,7 @@ def test_under_vllms_offloading_the_gate_bounds_what_the_pool_and_the_host_tier_
     run_until_finished(s, [r2])
     run_until_finished(s, [c, chat])
     assert _scheduled(s, c)
-    s.clock.advance(3600.0)
-    step(s)
-    assert_all_blocks_free(s)
+    _drain(s)
 
 
 def test_a_connector_whose_tier_the_scheduler_cannot_size_leaves_the_gate_off():

@@ -571,12 +571,14 @@ class ReplayEngine:
         if self.offload_worker is None:
             return False
         out = runner_output.kv_connector_output = self.offload_worker.report(self.now())
-        for req_id in (out.finished_recving or ()) if out is not None else ():
+        if out is None:
+            return False
+        for req_id in out.finished_recving or ():
             started = self._loading.pop(req_id, None)
             live = self._live.get(req_id)
             if started is not None and live is not None:
                 live.record.load_wait_s += self.now() - started
-        return out is not None
+        return True
 
     def free_blocks(self) -> tuple[int, int]:
         """(free, usable) KV blocks of the pool (the null block excluded)."""
