@@ -81,11 +81,11 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from .admission import AdmissionGate, return_horizon
+from .admission import AdmissionGate
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
-from .decisions import Decider, PinDecision, make_decider
+from .decisions import Decider, make_decider
 from .declared_holds import DeclaredHolds
 from .estimators.parser import NO_TOOL_KEY, ToolCall
 from .estimators.prefill import PrefillCostModel, PrefillTimer
@@ -100,6 +100,7 @@ from .request_record import parse_request_metadata, request_meta, set_request_me
 from .metrics import EngineMetrics
 from .context_costs import ContextCosts
 from .foreign_tier import ForeignTier
+from .gate_feed import GateFeed
 from .eviction_order import evict_first
 from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
@@ -240,20 +241,14 @@ class ContinuumSchedulerMixin:
             self, self.pins, self.order,
             pins_are_cheap=self.tier.pins_are_cheap if self.tier is not None else lambda: False,
         )
-        self.admission: AdmissionGate | None = None
         # With a host tier of known size the gate bounds what the pool and
         # the tier keep together; with another connector it stays off.
         self.gate_tier: TierCapacity | None = tier_capacity(vllm_config, self.kv_cache_config)
-        if cfg.admission and self.pinning_enabled and (self.connector is None or self.gate_tier is not None):
-            retained = self.gate_tier.retained_blocks(usable_blocks) if self.gate_tier else usable_blocks
-            self.admission = AdmissionGate(
-                capacity_blocks=max(1, retained),
-                block_size=self.block_size,
-                quiet_after_s=cfg.max_ttl_s,
-                max_wait_s=cfg.admission_max_wait_s,
-                rank=self.order.queue_key,
-                forecast=cfg.admission_forecast,
-            )
+        self.gate_feed: GateFeed | None = GateFeed.create(
+            cfg, usable_blocks, self.block_size, self.order.queue_key, self.tool_history, self.pins,
+            self.gate_tier, self.connector,
+        ) if self.pinning_enabled else None
+        self.admission: AdmissionGate | None = self.gate_feed.gate if self.gate_feed is not None else None
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
             "max_pinned_blocks=%d implicit_jobs=%s admission=%s decider=%s", self.continuum_policy,
@@ -479,8 +474,8 @@ class ContinuumSchedulerMixin:
         if job is not None:
             job.had_tool_call |= call is not None
             job.tools_offered = meta.tools_offered
-        if self.admission is not None:
-            self.admission.on_turn_finished(job_id, request, now, self._quiet_horizon(tool_key, meta.scope))
+        if self.gate_feed is not None:
+            self.gate_feed.turn_finished(job_id, request, now, tool_key, meta.scope)
         if job is not None:  # set again below when this turn is decided
             job.last_predicted_s = job.last_tool_s = None
             job.last_context_tokens = request.num_tokens
@@ -489,7 +484,8 @@ class ContinuumSchedulerMixin:
                 job_id, request, self.replies.decode, stop_token_ids(request), meta.scope
             )
         if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
-            self._holds_nothing(job_id)
+            if self.gate_feed is not None:
+                self.gate_feed.holds_nothing(job_id)
             self.declared.free(request)
             return
         # With async scheduling and a KV-consumer connector (the default GPU
@@ -524,7 +520,8 @@ class ContinuumSchedulerMixin:
             # What the client declared is still held, for the job's next
             # turn to take over (then the gate counts the job as holding).
             self.declared.free(request, job_id)
-            self._holds_nothing(job_id, self._predicted_return(decision, tool_key, meta.scope))
+            if self.gate_feed is not None:
+                self.gate_feed.holds_nothing(job_id, self.gate_feed.predicted_return(decision, tool_key, meta.scope))
             return
         if self.declared.apply(request, job_id, decision.ttl_s, tool_key, fence):
             return
@@ -532,44 +529,8 @@ class ContinuumSchedulerMixin:
             request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
         )
 
-    def _predicted_return(self, decision: PinDecision, tool_key: str, scope: str) -> float | None:
-        """When the job's tool is expected back: the decider's estimate; for
-        a classifier's verdict without one (ContextServe's rules call a tool
-        SLOW and say no more), the tool's measured mean in the scope; else
-        None (Continuum's TTL rule prices holding, it predicts no return)."""
-        if decision.predicted_seconds is not None or decision.speed is None:
-            return decision.predicted_seconds
-        history = self.tool_history.get(scope)
-        return history.mean(tool_key) if history is not None else None
-
-    def _quiet_horizon(self, tool_key: str, scope: str) -> float | None:
-        """How long the gate counts a job quiet after this turn: after a
-        reply that called no tool, what the scope's gaps after such replies
-        say (``admission.return_horizon``); else the gate's own horizon."""
-        if tool_key != NO_TOOL_KEY:
-            return None
-        history = self.tool_history.get(scope)
-        samples = history.samples(NO_TOOL_KEY) if history is not None else None
-        assert self.admission is not None
-        return return_horizon(samples.as_array() if samples is not None else None, self.admission.quiet_after_s)
-
     def _stock_free(self, request: Request) -> None:
         super()._free_request_blocks(request)  # type: ignore[misc]
-
-    def _holds_nothing(self, job_id: str, returns_in_s: float | None = None) -> None:
-        """The job's finished turn keeps no blocks (its TTL chose not to
-        hold, or pinning is off): the gate stops counting it as holding --
-        unless its tool is predicted back (``returns_in_s``) within the
-        gate's horizon: its blocks are still in the prefix cache, and a
-        newcomer admitted in their place would make it rebuild them
-        (ContextServe frees a SLOW tool's context at once, and a 10 s tool
-        is SLOW)."""
-        if returns_in_s is not None and self.admission is not None and returns_in_s <= self.admission.quiet_after_s:
-            return
-        if self.admission is not None and self.gate_tier is None and job_id not in self.pins:
-            # (With a host tier the context leaving the GPU is still kept:
-            # the job stays in the gate's demand.)
-            self.admission.on_job_end(job_id)
 
     def _end_job(self, request: Request, outcome: TurnOutcome, normal: bool, continues_pin: bool) -> None:
         """The job's last turn, an answer its session may follow up
