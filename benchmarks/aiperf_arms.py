@@ -52,6 +52,10 @@ class LiveArm:
     unbounded_pool: bool = False
     # The header AIPerf names each session in; None: no session id at all.
     session_header: str | None = SESSION_HEADER
+    # vLLM's own CPU offloading (its OffloadingConnector, as vLLM documents
+    # it) under this arm, with a host tier of the run's ``--host-tier``
+    # share of the sessions' peak working set.
+    native_offload: bool = False
 
 
 def _named() -> dict[str, LiveArm]:
@@ -59,6 +63,8 @@ def _named() -> dict[str, LiveArm]:
     arms["continuum-paper"] = LiveArm("continuum-paper", "continuum",
                                       continuum={"ttl_policy": "cdf", "admission": False})
     arms["oracle"] = LiveArm("oracle", "fcfs", unbounded_pool=True)
+    arms["native-offload"] = LiveArm("native-offload", "fcfs", native_offload=True)
+    arms["continuum-native-offload"] = LiveArm("continuum-native-offload", "continuum", native_offload=True)
     for p in POLICIES:
         arms[f"{p}-claude-header"] = LiveArm(f"{p}-claude-header", p, session_header=CLAUDE_CODE_HEADER)
         arms[f"{p}-no-header"] = LiveArm(f"{p}-no-header", p, session_header=None)

@@ -65,6 +65,14 @@ same sessions, pool and machine keeps that file's other arms (each arm
 records the commit it ran), so a run can be completed arm by arm; one of
 another workload is refused.
 
+The ``native-offload`` and ``continuum-native-offload`` arms run stock
+scheduling and the plugin over vLLM's own CPU offloading
+(``--kv-offloading-size``, backend ``native``: its ``OffloadingConnector``;
+on the CPU platform through the plugin's ``CPUPlatformOffloadingSpec``),
+with a host tier of ``--host-tier`` times the sessions' peak working set:
+at the default 0.5, pool and tier together keep less than the sessions
+need, as an undersized tier does (docs/capacity.md).
+
 AIPerf lives in its own venv (``~/.venvs/vllm-continuum-aiperf``, override
 with ``CONTINUUM_AIPERF_VENV`` or ``--aiperf``), pinned to aiperf==0.13.0.
 
@@ -258,6 +266,12 @@ def arm_pool(arm: LiveArm, plan: Plan) -> int:
     return plan.oracle_blocks if arm.unbounded_pool else plan.num_blocks
 
 
+def host_tier_blocks(args: argparse.Namespace, plan: Plan) -> int:
+    """The native-offload arms' host tier in 32-token blocks: ``--host-tier``
+    times the sessions' peak working set (the oracle's pool)."""
+    return max(1, round(args.host_tier * plan.oracle_blocks))
+
+
 def server_args(args: argparse.Namespace, arm: LiveArm, plan: Plan) -> list[str]:
     from .dtype import dtype_bytes
 
@@ -268,6 +282,10 @@ def server_args(args: argparse.Namespace, arm: LiveArm, plan: Plan) -> list[str]
     settings = {**(json.loads(args.continuum_config) if args.continuum_config else {}), **arm.continuum}
     if settings and arm.policy != "fcfs":
         extra = ["--additional-config", json.dumps({"continuum": settings})]
+    if arm.native_offload:
+        from .ab_benchmark import native_offload_args
+
+        extra += native_offload_args(host_tier_blocks(args, plan) * SERVER_BLOCK * kv_per_token)
     return [
         "--scheduling-policy", arm.policy,
         "--block-size", str(SERVER_BLOCK),
@@ -417,7 +435,8 @@ def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run
     summary["incomplete_sessions"] = sorted(k for k, n in expected.items() if done.get(k, 0) < n)
     summary["aiperf_wall_s"] = wall
     summary["arm"] = {"policy": arm.policy, "continuum": dict(arm.continuum), "num_blocks": arm_pool(arm, plan),
-                      "session_header": arm.session_header}
+                      "session_header": arm.session_header,
+                      "host_tier_blocks": host_tier_blocks(args, plan) if arm.native_offload else 0}
     summary["server_counters"] = counter_deltas(before, after)
     summary["requests_detail"] = request_rows(records)
     return summary
@@ -430,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory of kv-cache-tester Claude Code trace files (default: %(default)s)")
     p.add_argument("--policies", default="fcfs,continuum,context_serve",
                    help="comma-separated arms, one server each: a --scheduling-policy value, or continuum-paper, "
-                        "oracle, POLICY-claude-header, POLICY-no-header (benchmarks/aiperf_arms.py) "
+                        "oracle, native-offload, continuum-native-offload, POLICY-claude-header, "
+                        "POLICY-no-header (benchmarks/aiperf_arms.py) "
                         "(default: %(default)s)")
     p.add_argument("--sessions", type=int, default=4, help="sessions to replay (default: %(default)s)")
     p.add_argument("--session-ids", default="",
@@ -464,6 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, default=0,
                    help="KV pool in 32-token blocks, the same for every arm (default 0 = auto: half the "
                         "sessions' peak working set, at least 1.5 x the largest request)")
+    p.add_argument("--host-tier", type=float, default=0.5,
+                   help="host tier of the native-offload arms (vLLM's OffloadingConnector), as a share of the "
+                        "sessions' peak working set (default: %(default)s: with the pool, less than the "
+                        "working set, so the tier overflows as an undersized one does)")
     p.add_argument("--max-model-len", type=int, default=0,
                    help="(default 0 = auto: the largest scaled request + 256, rounded up to 256)")
     p.add_argument("--continuum-config", default=None,

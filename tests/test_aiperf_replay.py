@@ -307,6 +307,28 @@ def test_arms_name_the_policy_settings_pool_and_session_header():
     assert "--session-header" not in cmd
 
 
+def test_native_offload_arms_run_vllms_offloading_connector_with_a_tier_of_the_working_sets_share():
+    """Stock and the plugin over vLLM's own CPU offloading: the same pool as
+    every arm, plus a host tier of ``--host-tier`` times the sessions' peak
+    working set (the oracle's pool), in bytes of the served dtype."""
+    from vllm_continuum_plugin.benchmarks.aiperf_arms import parse_live_arms
+
+    stock, ours, fcfs = parse_live_arms("native-offload,continuum-native-offload,fcfs")
+    assert (stock.policy, ours.policy) == ("fcfs", "continuum") and stock.native_offload and ours.native_offload
+    assert not fcfs.native_offload
+    args = ar.build_parser().parse_args(["--dtype", "float32", "--host-tier", "0.5"])
+    plan = ar.Plan([], [], num_blocks=100, max_model_len=1024, oracle_blocks=900)
+    assert ar.host_tier_blocks(args, plan) == 450
+    for arm in (stock, ours):
+        argv = ar.server_args(args, arm, plan)
+        assert argv[argv.index("--num-gpu-blocks-override") + 1] == "100"
+        assert argv[argv.index("--kv-offloading-backend") + 1] == "native"
+        tier_gib = float(argv[argv.index("--kv-offloading-size") + 1])
+        # 450 blocks x 32 tokens x (2 x 30 layers x 3 heads x 64 dims x 4 bytes)
+        assert tier_gib * 2**30 == pytest.approx(450 * 32 * 2 * 30 * 3 * 64 * 4, rel=1e-5)
+    assert "--kv-offloading-size" not in ar.server_args(args, fcfs, plan)
+
+
 def test_aiperf_env_is_online_and_uncached(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     env = ar.aiperf_env()
