@@ -104,6 +104,20 @@ def pooled_share(totals: dict[str, list[float | None]], arm: str) -> tuple[list[
     return shares, gap_share(sum(r[0] for r in runs), sum(r[1] for r in runs), sum(r[2] for r in runs))
 
 
+def host_tier_note(results: list[dict[str, Any]]) -> list[str]:
+    """A line on the native-offload arms' host tier, when a run has them."""
+    for r in results:
+        for a in r["arms"]:
+            blocks = (a.get("arm") or {}).get("host_tier_blocks") or 0
+            if blocks:
+                share = r["config"].get("host_tier")
+                return [f"The `*native-offload` arms run vLLM's own CPU offloading (its `OffloadingConnector`) "
+                        f"with a host tier of {blocks} blocks"
+                        + (f" ({share:g} x the sessions' peak working set)" if share else "")
+                        + ": pool and tier together keep less than the sessions need."]
+    return []
+
+
 def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
     first = results[0]
     by_run = [{a["policy"]: a for a in r["arms"] if "error" not in a} for r in results]
@@ -123,6 +137,7 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
         f"`--custom-dataset-type weka_trace --no-fixed-schedule --use-think-time-only`; "
         f"a KV pool of {first['num_blocks']} x {first['block_size']}-token blocks "
         f"(the oracle's never evicts). {n} runs.",
+        *host_tier_note(results),
         "",
         "Mean session JCT (s), per run; the share of the FCFS -> oracle gap each arm closes",
         "(per run, and pooled over the runs: `(sum fcfs - sum arm) / (sum fcfs - sum oracle)`):",
