@@ -98,14 +98,18 @@ class GateFeed:
         history = self.tool_history.get(scope)
         return history.mean(tool_key) if history is not None else None
 
-    def holds_nothing(self, job_id: str, returns_in_s: float | None = None) -> None:
-        """The job's finished turn keeps no blocks (its TTL chose not to
-        hold, or pinning is off): the gate stops counting it -- unless its
-        tool is predicted back (``returns_in_s``) within the gate's horizon,
-        a host tier keeps the context, or a pin of the job still holds one
-        (ContextServe frees a SLOW tool's context at once, and a 10 s tool
-        is SLOW: its blocks are still cached when it comes back)."""
-        if returns_in_s is not None and returns_in_s <= self.gate.quiet_after_s:
-            return
+    def holds_nothing(self, job_id: str, decision: PinDecision | None = None, tool_key: str = NO_TOOL_KEY,
+                      scope: str = "") -> None:
+        """The job's finished turn keeps no blocks (its TTL ``decision``
+        chose not to hold, or pinning is off: no decision): the gate stops
+        counting it -- unless its tool is predicted back
+        (:meth:`predicted_return`) within the gate's horizon, a host tier
+        keeps the context, or a pin of the job still holds one (ContextServe
+        frees a SLOW tool's context at once, and a 10 s tool is SLOW: its
+        blocks are still cached when it comes back)."""
+        if decision is not None:
+            returns_in_s = self.predicted_return(decision, tool_key, scope)
+            if returns_in_s is not None and returns_in_s <= self.gate.quiet_after_s:
+                return
         if self.tier is None and job_id not in self._pinned:
             self.gate.on_job_end(job_id)

@@ -521,7 +521,7 @@ class ContinuumSchedulerMixin:
             # turn to take over (then the gate counts the job as holding).
             self.declared.free(request, job_id)
             if self.gate_feed is not None:
-                self.gate_feed.holds_nothing(job_id, self.gate_feed.predicted_return(decision, tool_key, meta.scope))
+                self.gate_feed.holds_nothing(job_id, decision, tool_key, meta.scope)
             return
         if self.declared.apply(request, job_id, decision.ttl_s, tool_key, fence):
             return
