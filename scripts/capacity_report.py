@@ -62,7 +62,7 @@ CAPS = ("fcfs-cap8", "fcfs-cap12", "fcfs-cap16")
 # Sessions a minute at which the oracle serves each session about as it
 # would alone (they barely overlap): the JCT SLO's reference.
 SOLO_RATE = 0.02
-DEFAULT_RATES = {"h100-llama8b": "0.25,0.5,0.75,1,1.5,2", "h100-llama70b-tp4": "0.125,0.25,0.5,0.75,1"}
+DEFAULT_RATES = {"h100-llama8b": "0.25,0.5,1,1.5", "h100-llama70b-tp4": "0.125,0.25,0.5"}
 GPUS = {"h100-llama8b": 1, "h100-llama70b-tp4": 4}
 
 
@@ -127,6 +127,28 @@ def solo_jcts(points: list[dict[str, Any]]) -> dict[str, tuple[float, int]]:
 
 def arm_series(points: list[dict[str, Any]], arm: str) -> dict[float, dict[str, Any]]:
     return {p["rate_per_min"]: p for p in points if p["arm"] == arm}
+
+
+def offload_verdict(ours: float | None, stock: float | None, oracle: float | None, rates: list[float]) -> str:
+    """The plugin + native offloading's capacity against stock + native
+    offloading's at one tier, and what bounds the ratio: when stock already
+    sustains the oracle's capacity (a pool that never evicts), no policy can
+    serve more on the sweep; when the next rate of the sweep is under 1.5x
+    stock's, the sweep cannot show the bar."""
+    if ours is None or stock is None:
+        return "not comparable (an arm sustains no rate of the sweep)"
+    ratio = ours / stock
+    verdict = (f"{ratio:.2f}x: the 1.5x bar {'holds' if ratio >= 1.5 else 'is not reached'}"
+               f"{'' if ratio >= 1 else ', and it serves fewer'} on this sweep's rates")
+    if ratio >= 1.5:
+        return verdict
+    if oracle is not None and stock >= oracle:
+        return (verdict + f"; stock + native offloading already sustains the oracle's {oracle:g}/min, "
+                "so no policy serves more here")
+    above = [r for r in sorted(rates) if r > stock]
+    if above and above[0] < 1.5 * stock:
+        return verdict + f" (the sweep's next rate, {above[0]:g}/min, is under 1.5x stock's {stock:g}/min)"
+    return verdict
 
 
 def profile_section(
@@ -330,14 +352,9 @@ def main() -> int:
         summary.append(f"- {prof}: " + "; ".join(
             f"{arm} {'none' if cap is None else f'{cap:g}/min'}" for arm, cap in caps_by_arm.items()))
         for t in tiers:
-            ours, stock = caps_by_arm.get(f"continuum-native-offload ({t} GiB)"), caps_by_arm.get(
-                f"native-offload ({t} GiB)")
-            if ours is None or stock is None:
-                verdict = "not comparable (an arm sustains no rate of the sweep)"
-            else:
-                ratio = ours / stock
-                verdict = (f"{ratio:.2f}x: the 1.5x bar {'holds' if ratio >= 1.5 else 'is not reached'}"
-                           f"{'' if ratio >= 1 else ', and it serves fewer'} on this sweep's rates")
+            verdict = offload_verdict(caps_by_arm.get(f"continuum-native-offload ({t} GiB)"),
+                                      caps_by_arm.get(f"native-offload ({t} GiB)"), caps_by_arm.get("oracle"),
+                                      [float(r) for r in rates.split(",")])
             summary.append(f"  - the plugin + native offloading against stock + native offloading at {t} GiB: "
                            f"{verdict}.")
     lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", ""]

@@ -106,3 +106,16 @@ def test_the_ttft_split_says_what_prefetching_could_give_at_most():
     assert "could bring the mean TTFT within 2x the oracle's for some arm here" in text
     lines = cr.ttft_section("h100-llama8b", 1.0, oracle, {"64": [native("native-offload", 1.6, 1.4, 0.05)]})
     assert "cannot bring the mean TTFT within 2x the oracle's here" in "\n".join(lines)
+
+
+def test_the_verdict_says_what_bounds_the_plugins_ratio_over_stock_native_offloading():
+    rates = [0.25, 0.5, 1.0, 1.5]
+    assert cr.offload_verdict(0.5, 0.25, 0.5, rates).startswith("2.00x: the 1.5x bar holds")
+    # Stock with native offloading already at the oracle's capacity: nothing can serve more.
+    tied = cr.offload_verdict(0.5, 0.5, 0.5, rates)
+    assert "1.00x: the 1.5x bar is not reached" in tied and "already sustains the oracle's 0.5/min" in tied
+    assert "serves fewer" in cr.offload_verdict(0.25, 0.5, 1.0, rates)
+    assert cr.offload_verdict(None, 0.25, 0.5, rates).startswith("not comparable")
+    # A grid too coarse to show 1.5x between stock's rate and the next.
+    assert "next rate, 0.6/min, is under 1.5x stock's 0.5/min" in cr.offload_verdict(0.5, 0.5, 1.0, [0.25, 0.5, 0.6, 1])
+    assert cr.offload_verdict(0.5, 0.5, 1.0, rates) == "1.00x: the 1.5x bar is not reached on this sweep's rates"
