@@ -36,6 +36,7 @@ from .admission import AdmissionGate, return_horizon
 from .config import ContinuumConfig
 from .decisions import PinDecision
 from .estimators.parser import NO_TOOL_KEY
+from .estimators.scopes import DEFAULT_SCOPE
 from .estimators.ttl import ScopedToolHistory
 from .tier_capacity import TierCapacity
 
@@ -99,7 +100,7 @@ class GateFeed:
         return history.mean(tool_key) if history is not None else None
 
     def holds_nothing(self, job_id: str, decision: PinDecision | None = None, tool_key: str = NO_TOOL_KEY,
-                      scope: str = "") -> None:
+                      scope: str = DEFAULT_SCOPE) -> None:
         """The job's finished turn keeps no blocks (its TTL ``decision``
         chose not to hold, or pinning is off: no decision): the gate stops
         counting it -- unless its tool is predicted back
