@@ -11,7 +11,10 @@ of those as a client profile over the same arrivals:
 * ``aiperf``: a session id, each prompt rebuilt from hash blocks (the previous
   prompt's partial tail and the reply are not re-sent);
 * ``reasoning``: ``headers-only`` whose replies open with reasoning that the
-  next prompts drop.
+  next prompts drop;
+* at the high loads, ``aiperf-last-step``: ``aiperf`` with each
+  conversation's last request flagged ``is_last_step`` -- how much of
+  ``aiperf``'s shortfall is the session end it never sends.
 
 For each GPU profile (H100 + Llama-3.1-8B; 4x H100 + Llama-3.1-70B, TP4) and
 each workload (the shipped Claude Code trace subset with its sub-agents and a
@@ -52,6 +55,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README_BEGIN = "<!-- clients-report: written by scripts/clients_report.py -->"
 README_END = "<!-- /clients-report -->"
 CLIENT_PROFILES = ("tagged", "headers-only", "aiperf", "reasoning")
+# ``aiperf`` with each conversation's last request flagged (``is_last_step``):
+# run at the high loads beside the profiles above, to tell how much of the
+# ``aiperf`` client's shortfall is the session end it never sends.
+LAST_STEP_PROFILE = "aiperf-last-step"
 CLIENT_ARMS = ("fcfs", "continuum", "oracle")
 CAPS = "fcfs-cap8,fcfs-cap12,fcfs-cap16,fcfs-cap24"
 PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
@@ -146,14 +153,47 @@ def high_verdict(points: list[dict], caps: list[dict], spread: bool) -> list[str
     return lines
 
 
-def summary_row(title: str, points: list[dict], caps: list[dict]) -> str:
-    """README's row for a high-load point: per client profile, Continuum's
-    share of the gap and its speed-up over FCFS, next to the best cap's."""
-    by = {(p["client"], p["arm"]): p for p in points}
+def last_step_lines(points: list[dict], last_points: list[dict], caps: list[dict]) -> list[str]:
+    """``aiperf`` against ``aiperf-last-step`` (the same requests, the last
+    of each conversation flagged): a table row each for Continuum, and the
+    high-load bars for the flagged client, each stated with its figure. The
+    share of ``aiperf``'s shortfall to ``tagged`` that the flag recovers is
+    what not knowing when a session ends costs."""
+    by = {(p["client"], p["arm"]): p for p in [*points, *last_points]}
+    tagged, plain, flagged = (by[(c, "continuum")] for c in ("tagged", "aiperf", LAST_STEP_PROFILE))
+    fcfs = by[(LAST_STEP_PROFILE, "fcfs")]
+    best_cap = min(caps, key=lambda p: p["jct_mean_s"])
+    rows = ["| client | policy | JCT mean s | vs FCFS | vs tagged | TTFT mean s | hit share | gap closed |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for p in (plain, flagged):
+        f = by[(p["client"], "fcfs")]
+        rows.append(f"| {p['client']} | continuum | {p['jct_mean_s']:.1f} | {f['jct_mean_s'] / p['jct_mean_s']:.2f}x "
+                    f"| {p['jct_mean_s'] / tagged['jct_mean_s'] - 1:+.1%} | {p['ttft_mean_s']:.2f} "
+                    f"| {p['hit_share']:.1%} | {p['gap_closed']:+.1%} |")
+    shortfall = tagged["gap_closed"] - plain["gap_closed"]
+    recovered = ("" if shortfall <= 0 else
+                 f"; the flag recovers {(flagged['gap_closed'] - plain['gap_closed']) / shortfall:.0%} of "
+                 f"`aiperf`'s {shortfall * 100:.1f}-point shortfall to `tagged`")
+    checks = [
+        _check(flagged["gap_closed"] >= tagged["gap_closed"] - TAGGED_TOLERANCE,
+               f"gap {flagged['gap_closed']:+.1%} against tagged's {tagged['gap_closed']:+.1%} (within 5 points)"),
+        _check(flagged["jct_mean_s"] <= fcfs["jct_mean_s"],
+               f"{fcfs['jct_mean_s'] / flagged['jct_mean_s']:.2f}x FCFS (never slower)"),
+        _check(flagged["jct_mean_s"] < best_cap["jct_mean_s"],
+               f"{flagged['jct_mean_s'] / best_cap['jct_mean_s'] - 1:+.1%} against the best cap (ahead)"),
+    ]
+    return [*rows, "", f"- `{LAST_STEP_PROFILE}` continuum: " + "; ".join(checks) + recovered + "."]
+
+
+def summary_row(title: str, points: list[dict], caps: list[dict], last_points: list[dict] = ()) -> str:
+    """README's row for a high-load point: per client profile (then
+    ``aiperf-last-step``, from ``last_points``), Continuum's share of the gap
+    and its speed-up over FCFS, next to the best cap's."""
+    by = {(p["client"], p["arm"]): p for p in [*points, *last_points]}
     fcfs, oracle = by[("tagged", "fcfs")]["jct_mean_s"], by[("tagged", "oracle")]["jct_mean_s"]
     best = min(caps, key=lambda p: p["jct_mean_s"])
     cells = [f"{(fcfs - best['jct_mean_s']) / (fcfs - oracle):+.0%} ({best['arm']})"]
-    for client in CLIENT_PROFILES:
+    for client in (*CLIENT_PROFILES, *((LAST_STEP_PROFILE,) if last_points else ())):
         c, f = by[(client, "continuum")], by[(client, "fcfs")]
         cells.append(f"{c['gap_closed']:+.0%} ({f['jct_mean_s'] / c['jct_mean_s']:.2f}x)")
     return f"| {title} | {by[('tagged', 'fcfs')]['hit_share']:.0%} | " + " | ".join(cells) + " |"
@@ -171,10 +211,13 @@ def write_readme_block(readme: str, rows: list[str], doc: str) -> None:
         "Simulated (vLLM's real scheduler on a virtual clock, roofline step model), at the high load of",
         f"each workload (FCFS's hit share below 50%): Continuum's share of the FCFS -> oracle gap in mean JCT",
         "and its speed-up over FCFS under each client profile, next to plain admission at its best fixed",
-        f"cap; low loads, the profiles and the commands: [{rel}]({rel}).",
+        "cap. `aiperf, last turn flagged`: AIPerf's requests with `is_last_step: true` on each session's",
+        "last one (AIPerf's prose replies never say a session ended; its per-turn `extra` can carry the",
+        f"flag). Low loads, the profiles and the commands: [{rel}]({rel}).",
         "",
-        "| workload, GPU, sessions/min | FCFS hit share | best fixed cap | tagged | headers-only | aiperf | reasoning |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| workload, GPU, sessions/min | FCFS hit share | best fixed cap | tagged | headers-only | aiperf | reasoning "
+        "| aiperf, last turn flagged |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         README_END,
     ]
@@ -247,6 +290,14 @@ def main() -> int:
         "sessions in flight; the wait counts in JCT), run with the tagged client's prompts.",
         "`gap closed` is the share of the profile's own FCFS -> oracle mean-JCT gap.",
         "",
+        "`aiperf`'s replies are prose (what a model answers to AIPerf's synthetic prompts), so nothing it",
+        "sends says when a session is over: the plugin keeps counting a session that has ended until its",
+        "quiet horizon passes. At each high load `aiperf-last-step` replays `aiperf`'s requests with",
+        "`is_last_step: true` on each conversation's last one and nothing else added: AIPerf knows its",
+        "final turns (`is_final_turn`), and its trace datasets' per-turn `extra` field (merged into the",
+        "request body) can carry the flag; its `weka_trace` replay sends none. FCFS and the oracle do not",
+        "read it. The difference between the two rows is what the missing session end costs.",
+        "",
     ]
     for wl in WORKLOADS:
         if wl.key not in wanted:
@@ -257,15 +308,19 @@ def main() -> int:
             high_argv = [*base, "--rate", f"{high:g}"]
             pts = point(f"{wl.key}-{prof}-high", [*high_argv, *clients])
             caps = point(f"{wl.key}-{prof}-caps", [*high_argv, "--policies", CAPS])
+            last_pts = point(f"{wl.key}-{prof}-last-step",
+                             [*high_argv, "--policies", ",".join(CLIENT_ARMS), "--client", LAST_STEP_PROFILE])
             low_argv = [*base, "--rate", f"{low:g}"]
             if wl.low_sessions is not None:
                 low_argv += ["--sessions", str(wl.low_sessions)]
             low_pts = point(f"{wl.key}-{prof}-low", [*low_argv, *clients])
-            summary.append(summary_row(f"{wl.key}, {prof}, {high:g}", pts, caps))
+            summary.append(summary_row(f"{wl.key}, {prof}, {high:g}", pts, caps, last_pts))
             lines += [
                 f"## {wl.title}, {prof}, {high:g} sessions/min", "",
                 *client_table(pts, caps), "",
                 *high_verdict(pts, caps, spread=wl.key == "spread"), "",
+                "The session end `aiperf` does not send (`aiperf-last-step`):", "",
+                *last_step_lines(pts, last_pts, caps), "",
                 f"### Low load: {low:g} sessions/min"
                 + (f", the first {wl.low_sessions} sessions" if wl.low_sessions else ""), "",
                 *client_table(low_pts, []), "",

@@ -157,6 +157,21 @@ def test_vllm_xargs_and_session_id_forms_create_pins(server, client):
     assert wait_for(lambda: server.metric("vllm_continuum:pins_created") >= before + 2)
 
 
+def test_a_session_header_and_a_last_step_flag_on_the_final_turn_end_the_job(server, client):
+    # What AIPerf can send (docs/clients.md): X-Session-ID on every turn, and
+    # a per-turn `extra` of {"is_last_step": true} on the conversation's last
+    # one only. Prose replies never end the session; the flag does, at once.
+    ended = server.metric("vllm_continuum:jobs_ended_total", reason="last_step")
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Describe the repo."}]
+    headers = {"X-Session-ID": "aiperf-conv-7"}
+    first = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, extra_headers=headers)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And its tests?"}]
+    client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, extra_headers=headers,
+                                   extra_body={"is_last_step": True})
+    assert wait_for(lambda: server.metric("vllm_continuum:jobs_ended_total", reason="last_step") == ended + 1)
+
+
 def test_request_without_job_id_is_served_and_never_pinned(server, client):
     before = server.metric("vllm_continuum:pins_created")
     r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=5)

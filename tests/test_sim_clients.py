@@ -98,6 +98,11 @@ def test_metadata_tagged_sends_every_flag_others_only_a_session() -> None:
         assert request_metadata(CLIENTS[name], "j", True, "") == (None, "j")
         assert request_metadata(CLIENTS[name], "s/agent_001", False, "", "s") == (None, "s")  # a sub-agent
     assert request_metadata(tagged, "s/agent_001", False, "", "s")[0]["job_id"] == "s/agent_001"
+    # aiperf-last-step: the session id; is_last_step only on a conversation's last request.
+    last_step = CLIENTS["aiperf-last-step"]
+    assert request_metadata(last_step, "j", False, "ls") == (None, "j")
+    assert request_metadata(last_step, "j", True, "") == ({"is_last_step": True}, "j")
+    assert request_metadata(last_step, "s/agent_001", True, "", "s") == ({"is_last_step": True}, "s")
 
 
 # ----------------------------------------------------------------------
@@ -399,10 +404,10 @@ def _clients_report():
     return report
 
 
-def _client_points(report, continuum: dict[str, float]) -> list[dict]:
+def _client_points(report, continuum: dict[str, float], profiles: tuple[str, ...] | None = None) -> list[dict]:
     """fcfs 200 s, oracle 100 s for every profile; continuum as given."""
     out = []
-    for c in report.CLIENT_PROFILES:
+    for c in profiles or report.CLIENT_PROFILES:
         for a, jct in (("fcfs", 200.0), ("continuum", continuum[c]), ("oracle", 100.0)):
             out.append({"client": c, "arm": a, "jct_mean_s": jct, "jct_p90_s": jct, "ttft_mean_s": 0.1,
                         "hit_share": 0.4, "recomputed_tokens": 0, "pins_created": 3, "pins_handed_over": 1,
@@ -438,6 +443,27 @@ def test_clients_report_verdict_states_each_bar_from_the_figures() -> None:
 
 
 @pytest.mark.unit
+def test_clients_report_says_what_the_session_end_is_worth_to_aiperf() -> None:
+    report = _clients_report()
+    # tagged closes 60%, aiperf 40% (20 points short); flagging the last
+    # request brings it to 58%: 90% of the shortfall, within 5 points.
+    pts = _client_points(report, {"tagged": 140.0, "headers-only": 144.0, "aiperf": 160.0, "reasoning": 150.0})
+    last = _client_points(report, {report.LAST_STEP_PROFILE: 142.0}, (report.LAST_STEP_PROFILE,))
+    caps = [{"arm": "fcfs-cap12", "jct_mean_s": 141.0}]
+    lines = report.last_step_lines(pts, last, caps)
+    assert lines[2].startswith("| aiperf | continuum | 160.0 | 1.25x | +14.3% |")
+    assert lines[3].startswith("| aiperf-last-step | continuum | 142.0 | 1.41x | +1.4% |")
+    verdict = lines[-1]
+    assert "gap +58.0% against tagged's +60.0% (within 5 points): **holds**" in verdict
+    assert "(never slower): **holds**" in verdict
+    assert "+0.7% against the best cap (ahead): **misses**" in verdict  # 142 > 141
+    assert "recovers 90% of `aiperf`'s 20.0-point shortfall" in verdict
+    # No shortfall to recover: no share is claimed.
+    even = _client_points(report, {"tagged": 140.0, "headers-only": 144.0, "aiperf": 138.0, "reasoning": 150.0})
+    assert "recovers" not in report.last_step_lines(even, last, caps)[-1]
+
+
+@pytest.mark.unit
 def test_clients_report_points_are_commands_the_simulator_takes() -> None:
     report = _clients_report()
     for wl in report.WORKLOADS:
@@ -455,6 +481,8 @@ def test_clients_report_writes_readme_block_between_its_markers(tmp_path) -> Non
     caps = [{"arm": "fcfs-cap12", "jct_mean_s": 145.0}]
     row = report.summary_row("trace, h100-llama8b, 1", pts, caps)
     assert row == "| trace, h100-llama8b, 1 | 40% | +55% (fcfs-cap12) | +60% (1.43x) | +56% (1.39x) | +50% (1.33x) | -10% (0.95x) |"
+    last = _client_points(report, {report.LAST_STEP_PROFILE: 142.0}, (report.LAST_STEP_PROFILE,))
+    assert report.summary_row("t", pts, caps, last).endswith("| -10% (0.95x) | +58% (1.41x) |")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report.README_BEGIN}\nold\n{report.README_END}\nafter\n")
     report.write_readme_block(str(readme), [row], str(tmp_path / "docs" / "retention_clients.md"))

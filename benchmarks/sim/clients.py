@@ -13,7 +13,12 @@ three axes:
   server sets from the ``X-Session-ID`` header), as AIPerf
   (``--session-header``), Claude Code and other harnesses send. The plugin
   then finds conversations by shared prefix and ends a task by reading the
-  final answer.
+  final answer; ``session-last``: the session id, and ``is_last_step: true``
+  on a conversation's last request only (nothing on the others) -- what a
+  replay tool that knows each conversation's final turn can add as a
+  per-turn body field (AIPerf knows it, ``is_final_turn``, and its trace
+  datasets' per-turn ``extra`` merges such a field into the request body;
+  its ``weka_trace`` replay sends none).
 * **history** -- how turn ``k + 1``'s prompt re-sends turn ``k``:
   ``exact`` (the prompt and the reply verbatim, then the new tokens);
   ``aiperf`` (rebuilt from hash blocks as AIPerf's trace datasets do: the
@@ -40,7 +45,10 @@ only the system prompt (:func:`retention_directives`).
 Named profiles (:data:`CLIENTS`): ``tagged`` (today's replay: tagged,
 exact, scripted), ``headers-only`` (session, exact, calls), ``aiperf``
 (session, aiperf, prose), ``reasoning`` (session, reasoning, calls),
-``directives`` (``headers-only`` plus continuum-policy directives).
+``directives`` (``headers-only`` plus continuum-policy directives),
+``aiperf-last-step`` (``aiperf`` with the last request of each conversation
+flagged: session-last, aiperf, prose -- it tells what AIPerf's missing
+session end costs, since prose replies never say a session is over).
 
 The profiles change only what a job's turns send; arrivals, turn counts,
 token counts of new content and tool times are the same under every
@@ -73,7 +81,7 @@ __all__ = [
     "trace_tool_call",
 ]
 
-_METADATA = ("tagged", "session")
+_METADATA = ("tagged", "session", "session-last")
 _HISTORY = ("exact", "aiperf", "reasoning")
 _REPLIES = ("scripted", "calls", "prose")
 _RETENTION = ("none", "continuum-policy")
@@ -127,6 +135,7 @@ CLIENTS: dict[str, ClientProfile] = {
     "aiperf": ClientProfile("aiperf", "session", "aiperf", "prose"),
     "reasoning": ClientProfile("reasoning", "session", "reasoning", "calls"),
     "directives": ClientProfile("directives", "session", "exact", "calls", "continuum-policy"),
+    "aiperf-last-step": ClientProfile("aiperf-last-step", "session-last", "aiperf", "prose"),
 }
 TAGGED = CLIENTS["tagged"]
 
@@ -154,6 +163,8 @@ def request_metadata(
     last request; ``tool_name``: the tool its reply runs ("" for none)."""
     if client.metadata == "session":
         return None, session_id or job_id
+    if client.metadata == "session-last":
+        return ({"is_last_step": True} if last else None), session_id or job_id
     extra: dict[str, Any] = {"job_id": job_id, "is_last_step": last}
     if tool_name and not last:
         extra["tool_name"] = tool_name
