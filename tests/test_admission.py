@@ -145,6 +145,45 @@ def test_a_job_quiet_past_the_gaps_after_which_tool_less_replies_came_back_stops
     _drain(s, newcomer, chat)
 
 
+def test_a_job_whose_next_turn_waits_in_the_queue_keeps_counting_past_its_quiet_horizon():
+    """Job "a" answered without a tool call and came back at once, but its
+    turn waits in the queue (the engine is full): however long it waits,
+    the job is under way, and the newcomer stays held. Once that turn is
+    aborted the job is quiet again and its horizon applies. (Found live: at
+    load AIPerf's turns queue for longer than the ~6 s after which its
+    sessions come back, and the gate admitted newcomers over them.)"""
+    gap_s = 2.0
+    s = make_scheduler(num_blocks=POOL, max_num_seqs=2,
+                       continuum={"ttl_policy": "fixed", "fixed_ttl_s": 2.2, "max_ttl_s": 60.0})
+    _learn_tool_less_returns(s, gap_s, MIN_RETURN_SAMPLES)
+    s.clock.advance(60.0)
+    step(s)
+    assert_all_blocks_free(s)
+    prompt, r1 = first_turn(s, "a", length=A_TOKENS)
+    # Two chats fill both of the engine's sequence slots (never held: no job id).
+    chats = [make_request(prompt_of(500 + i, 2 * BLOCK), max_tokens=400) for i in range(2)]
+    for chat in chats:
+        s.add_request(chat)
+    step(s)
+    newcomer = make_request(prompt_of(600, NEW_TOKENS), max_tokens=4, job_id="b", is_last_step=True)
+    s.add_request(newcomer)
+    s.clock.advance(0.5)
+    r2 = make_request(next_turn_prompt(prompt, r1), max_tokens=4, job_id="a", is_last_step=True)
+    s.add_request(r2)
+    step(s)
+    assert not _scheduled(s, r2) and not _scheduled(s, newcomer)
+    held = s.admission.held_total
+    s.clock.advance(RETURN_MARGIN * gap_s + 1.0)  # a's reply is past the horizon; its turn still waits
+    step(s)
+    assert not _scheduled(s, r2)
+    assert s.admission.held_total == held + 1  # the newcomer is still held: "a" counts
+    assert s.admission.demand_blocks(s.clock.time()) >= A_TOKENS // BLOCK
+    s.finish_requests([r2.request_id], RequestStatus.FINISHED_ABORTED)
+    step(s)
+    assert s.admission.held_total == held + 1  # "a" quiet past its horizon: the newcomer is not held
+    _drain(s, newcomer, *chats)
+
+
 def test_return_horizon_needs_enough_gaps_and_never_exceeds_the_gates_own():
     assert return_horizon(None, 60.0) == 60.0
     assert return_horizon(np.full(MIN_RETURN_SAMPLES - 1, 2.0), 60.0) == 60.0

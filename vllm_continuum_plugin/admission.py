@@ -7,8 +7,11 @@ new job's first turn back while the jobs under way would not fit with it, so
 the admitted ones keep their contexts and finish fast.
 
 * A job is *under way* from its first admitted turn until its last turn
-  ends, while it has a turn running or waiting, or its last turn finished
-  less than its quiet horizon ago: ``quiet_after_s`` (``max_ttl_s``: no TTL
+  ends, while it has a turn running or waiting (a later turn that arrived
+  and waits in the queue keeps its job counted however long it waits: at
+  load a turn can queue far longer than the gaps after which jobs return,
+  and a gate that let such a job go quiet would admit a newcomer over it),
+  or its last turn finished less than its quiet horizon ago: ``quiet_after_s`` (``max_ttl_s``: no TTL
   holds a context longer, so a job quiet for that long no longer counts on
   its KV), or for a turn whose reply called no tool the horizon
   :func:`return_horizon` learns from the scope's measured gaps after such
@@ -140,6 +143,7 @@ class AdmissionGate:
         max_wait_s: float,
         rank: Callable[[Request], Any],
         forecast: bool = False,
+        has_waiting_turn: Callable[[str], bool] = lambda job_id: False,
     ) -> None:
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
@@ -149,6 +153,9 @@ class AdmissionGate:
         self.max_wait_s = max_wait_s
         self._rank = rank
         self.forecast = forecast
+        # Whether a job has a later turn waiting in the queue (the
+        # scheduler's WaitingTurns): such a job is never quiet.
+        self._has_waiting_turn = has_waiting_turn
         self._jobs: dict[str, _Footprint] = {}
         # job -> (blocks at its first admission, blocks last seen): a job's
         # growth when it ends (kept while it holds nothing, too).
@@ -234,15 +241,18 @@ class AdmissionGate:
         return max(0, round(self._growth.mean()))
 
     def forget(self, request: Request) -> None:
-        """A waiting first turn left without being admitted (aborted)."""
-        if self._new.pop(request.request_id, None) is not None:
-            self._version += 1
+        """A waiting turn left the queue: admitted, or aborted before it was
+        (a first turn leaves the gate's queue; a later one's job may go
+        quiet again, so the last decision is not reused)."""
+        self._new.pop(request.request_id, None)
+        self._version += 1
 
     # -- the gate --------------------------------------------------------------
     def demand_blocks(self, now: float) -> int:
         """Blocks the jobs under way hold, shared prefixes once; drops jobs
         quiet for too long."""
-        quiet = [j for j, f in self._jobs.items() if f.finished_at is not None and now - f.finished_at >= f.quiet_after_s]
+        quiet = [j for j, f in self._jobs.items() if f.finished_at is not None
+                 and now - f.finished_at >= f.quiet_after_s and not self._has_waiting_turn(j)]
         for job_id in quiet:
             del self._jobs[job_id]
         prefixes: dict[Any, int] = {}
@@ -293,9 +303,11 @@ class AdmissionGate:
             decision.append(request)
             valid_until = min(valid_until, due)
         if decision:
-            # A quiet job leaving the demand may open the gate.
-            for f in self._jobs.values():
-                if f.finished_at is not None:
+            # A quiet job leaving the demand may open the gate (one with a
+            # turn waiting leaves it only when that turn is admitted or
+            # aborted, which changes the version).
+            for job_id, f in self._jobs.items():
+                if f.finished_at is not None and not self._has_waiting_turn(job_id):
                     valid_until = min(valid_until, f.finished_at + f.quiet_after_s)
         self._decision = decision
         self._decided = (self._version, running)

@@ -56,11 +56,13 @@ class GateFeed:
     @classmethod
     def create(cls, cfg: ContinuumConfig, usable_blocks: int, block_size: int, rank: Callable[[Request], Any],
                tool_history: ScopedToolHistory, pinned: Container[str], tier: TierCapacity | None,
-               connector: Any) -> GateFeed | None:
+               connector: Any, has_waiting_turn: Callable[[str], bool] = lambda job_id: False) -> GateFeed | None:
         """The gate and its feed, or None when the gate is off: by
         ``cfg.admission``, or under a KV connector whose host tier's size is
         unknown (``tier`` None), where the pool alone is not what the server
-        keeps. With a tier the gate bounds the pool and the tier together."""
+        keeps. With a tier the gate bounds the pool and the tier together.
+        ``has_waiting_turn``: whether a job has a later turn in the queue
+        (such a job stays in the demand however long it is quiet)."""
         if not cfg.admission or (connector is not None and tier is None):
             return None
         retained = tier.retained_blocks(usable_blocks) if tier is not None else usable_blocks
@@ -71,6 +73,7 @@ class GateFeed:
             max_wait_s=cfg.admission_max_wait_s,
             rank=rank,
             forecast=cfg.admission_forecast,
+            has_waiting_turn=has_waiting_turn,
         )
         return cls(gate, tool_history, pinned, tier)
 

@@ -246,7 +246,7 @@ class ContinuumSchedulerMixin:
         self.gate_tier: TierCapacity | None = tier_capacity(vllm_config, self.kv_cache_config)
         self.gate_feed: GateFeed | None = GateFeed.create(
             cfg, usable_blocks, self.block_size, self.order.queue_key, self.tool_history, self.pins,
-            self.gate_tier, self.connector,
+            self.gate_tier, self.connector, has_waiting_turn=lambda job_id: bool(self._waiting_turns.of(job_id)),
         ) if self.pinning_enabled else None
         self.admission: AdmissionGate | None = self.gate_feed.gate if self.gate_feed is not None else None
         logger.info(
