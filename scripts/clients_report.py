@@ -125,6 +125,20 @@ def client_table(points: list[dict], caps: list[dict]) -> list[str]:
     return rows
 
 
+def _bars(c: dict, fcfs: dict, tagged_gap: float, best_cap: dict) -> list[str]:
+    """The high-load bars for Continuum's point ``c`` under one client:
+    within 5 points of ``tagged_gap``, never slower than that client's
+    ``fcfs``, ahead of ``best_cap``; each stated with its figure."""
+    return [
+        _check(c["gap_closed"] >= tagged_gap - TAGGED_TOLERANCE,
+               f"gap {c['gap_closed']:+.1%} against tagged's {tagged_gap:+.1%} (within 5 points)"),
+        _check(c["jct_mean_s"] <= fcfs["jct_mean_s"],
+               f"{fcfs['jct_mean_s'] / c['jct_mean_s']:.2f}x FCFS (never slower)"),
+        _check(c["jct_mean_s"] < best_cap["jct_mean_s"],
+               f"{c['jct_mean_s'] / best_cap['jct_mean_s'] - 1:+.1%} against the best cap (ahead)"),
+    ]
+
+
 def high_verdict(points: list[dict], caps: list[dict], spread: bool) -> list[str]:
     """The high-load bars, one line per client profile, each check stated
     with the figure it rests on and whether it holds."""
@@ -135,14 +149,7 @@ def high_verdict(points: list[dict], caps: list[dict], spread: bool) -> list[str
              f"`{best_cap['arm']}` at {best_cap['jct_mean_s']:.1f} s."]
     for client in CLIENT_PROFILES:
         c, fcfs = by[(client, "continuum")], by[(client, "fcfs")]
-        checks = [
-            _check(c["gap_closed"] >= tagged_gap - TAGGED_TOLERANCE,
-                   f"gap {c['gap_closed']:+.1%} against tagged's {tagged_gap:+.1%} (within 5 points)"),
-            _check(c["jct_mean_s"] <= fcfs["jct_mean_s"],
-                   f"{fcfs['jct_mean_s'] / c['jct_mean_s']:.2f}x FCFS (never slower)"),
-            _check(c["jct_mean_s"] < best_cap["jct_mean_s"],
-                   f"{c['jct_mean_s'] / best_cap['jct_mean_s'] - 1:+.1%} against the best cap (ahead)"),
-        ]
+        checks = _bars(c, fcfs, tagged_gap, best_cap)
         if spread and client == "headers-only":
             checks += [
                 _check(fcfs["jct_mean_s"] / c["jct_mean_s"] >= SPREAD_SPEEDUP,
@@ -174,14 +181,7 @@ def last_step_lines(points: list[dict], last_points: list[dict], caps: list[dict
     recovered = ("" if shortfall <= 0 else
                  f"; the flag recovers {(flagged['gap_closed'] - plain['gap_closed']) / shortfall:.0%} of "
                  f"`aiperf`'s {shortfall * 100:.1f}-point shortfall to `tagged`")
-    checks = [
-        _check(flagged["gap_closed"] >= tagged["gap_closed"] - TAGGED_TOLERANCE,
-               f"gap {flagged['gap_closed']:+.1%} against tagged's {tagged['gap_closed']:+.1%} (within 5 points)"),
-        _check(flagged["jct_mean_s"] <= fcfs["jct_mean_s"],
-               f"{fcfs['jct_mean_s'] / flagged['jct_mean_s']:.2f}x FCFS (never slower)"),
-        _check(flagged["jct_mean_s"] < best_cap["jct_mean_s"],
-               f"{flagged['jct_mean_s'] / best_cap['jct_mean_s'] - 1:+.1%} against the best cap (ahead)"),
-    ]
+    checks = _bars(flagged, fcfs, tagged["gap_closed"], best_cap)
     return [*rows, "", f"- `{LAST_STEP_PROFILE}` continuum: " + "; ".join(checks) + recovered + "."]
 
 

@@ -109,6 +109,22 @@ def _learn_tool_less_returns(s, gap_s: float, turns: int) -> None:
         s.clock.advance(gap_s)
 
 
+def _a_after_tool_less_returns(gap_s: float, max_num_seqs: int, hint: dict | None = None):
+    """A scheduler whose scope has measured ``MIN_RETURN_SAMPLES`` returns
+    ``gap_s`` after tool-less replies (pins: a fixed 2.2 s TTL), all blocks
+    free again; then job "a"'s first turn (``hint``: its tool hint)
+    finished, leaving a ``A_TOKENS`` context. Returns the scheduler, a's
+    prompt and its request."""
+    s = make_scheduler(num_blocks=POOL, max_num_seqs=max_num_seqs,
+                       continuum={"ttl_policy": "fixed", "fixed_ttl_s": 2.2, "max_ttl_s": 60.0})
+    _learn_tool_less_returns(s, gap_s, MIN_RETURN_SAMPLES)
+    s.clock.advance(60.0)
+    step(s)
+    assert_all_blocks_free(s)
+    prompt, r1 = first_turn(s, "a", length=A_TOKENS, extra=hint or {})
+    return s, prompt, r1
+
+
 @pytest.mark.parametrize(
     ("hint", "counts_after_horizon"),
     [({}, False), ({"tool_name": "pytest"}, True)],
@@ -121,13 +137,7 @@ def test_a_job_quiet_past_the_gaps_after_which_tool_less_replies_came_back_stops
     passes, long before ``max_ttl_s``; after a tool call the job keeps
     counting (its tool runs)."""
     gap_s = 2.0
-    s = make_scheduler(num_blocks=POOL, max_num_seqs=4,
-                       continuum={"ttl_policy": "fixed", "fixed_ttl_s": 2.2, "max_ttl_s": 60.0})
-    _learn_tool_less_returns(s, gap_s, MIN_RETURN_SAMPLES)
-    s.clock.advance(60.0)
-    step(s)
-    assert_all_blocks_free(s)
-    prompt, r1 = first_turn(s, "a", length=A_TOKENS, extra=hint)
+    s, prompt, r1 = _a_after_tool_less_returns(gap_s, max_num_seqs=4, hint=hint)
     chat = make_request(prompt_of(500, 2 * BLOCK), max_tokens=400)  # keeps the engine busy
     s.add_request(chat)
     step(s)
@@ -153,13 +163,7 @@ def test_a_job_whose_next_turn_waits_in_the_queue_keeps_counting_past_its_quiet_
     load AIPerf's turns queue for longer than the ~6 s after which its
     sessions come back, and the gate admitted newcomers over them.)"""
     gap_s = 2.0
-    s = make_scheduler(num_blocks=POOL, max_num_seqs=2,
-                       continuum={"ttl_policy": "fixed", "fixed_ttl_s": 2.2, "max_ttl_s": 60.0})
-    _learn_tool_less_returns(s, gap_s, MIN_RETURN_SAMPLES)
-    s.clock.advance(60.0)
-    step(s)
-    assert_all_blocks_free(s)
-    prompt, r1 = first_turn(s, "a", length=A_TOKENS)
+    s, prompt, r1 = _a_after_tool_less_returns(gap_s, max_num_seqs=2)
     # Two chats fill both of the engine's sequence slots (never held: no job id).
     chats = [make_request(prompt_of(500 + i, 2 * BLOCK), max_tokens=400) for i in range(2)]
     for chat in chats:

@@ -11,9 +11,9 @@ the admitted ones keep their contexts and finish fast.
   and waits in the queue keeps its job counted however long it waits: at
   load a turn can queue far longer than the gaps after which jobs return,
   and a gate that let such a job go quiet would admit a newcomer over it),
-  or its last turn finished less than its quiet horizon ago: ``quiet_after_s`` (``max_ttl_s``: no TTL
-  holds a context longer, so a job quiet for that long no longer counts on
-  its KV), or for a turn whose reply called no tool the horizon
+  or its last turn finished less than its quiet horizon ago:
+  ``quiet_after_s`` (``max_ttl_s``: no TTL holds a context longer, so a
+  job quiet for that long no longer counts on its KV), or for a turn whose reply called no tool the horizon
   :func:`return_horizon` learns from the scope's measured gaps after such
   replies. A reply without a tool call may be the session's last (a client
   that never says so, such as AIPerf's replay, ends every session that way),
