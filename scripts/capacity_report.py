@@ -29,10 +29,19 @@ and output tokens served over the makespan per GPU; AgentX's form).
 Arms: stock vLLM (``fcfs``); stock + vLLM's native CPU offloading
 (``native-offload``); the plugin (``continuum``); the plugin + native
 offloading (``continuum-native-offload``); the plugin + its own connector
-(``continuum-offload``); plain admission at its best fixed cap per rate
-(``fcfs-capK``); the oracle (a pool that never evicts). The offload arms run
-once per host tier (``--tiers``, GiB per GPU): 64 GiB overflows at the
-higher rates, 256 GiB is what docs/retention.md measured.
+(``continuum-offload``), and the same connector as a victim tier
+(``continuum-offload-explicit``: ``store_mode: explicit`` stores only what
+leaves a pin or a SLOW turn, so the host tier holds what the GPU pool no
+longer does, where vLLM's native offloading and the connector's default
+store a copy of every block as it is computed); plain admission at its best
+fixed cap per rate (``fcfs-capK``); the oracle (a pool that never evicts).
+The offload arms run once per host tier (``--tiers``, GiB per GPU): 64 GiB
+overflows at the higher rates, 256 GiB is what docs/retention.md measured.
+Where the offload arms' capacities fall between two rates of the sweep,
+finer rates (``--fine-rates``) run for them and the oracle; and where no
+rate of the sweep is 1.5x stock + native offloading's capacity at a tier,
+they and the oracle run at that rate too (``{profile}-offload-{tier}g-bar``),
+so whether any policy can reach 1.5x is measured, not inferred.
 
 Every figure comes from the results.json files this script makes (reused
 when a file holds the same command, so an interrupted run resumes); the
@@ -52,18 +61,30 @@ from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.sim_report import SimPoints  # noqa: E402
+from scripts.sim_report import SimPoints, replace_readme_block  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOAD = ("--subagents", "--shared-system", "--client", "headers-only")
 BASE_ARMS = ("fcfs", "continuum", "oracle")
 OFFLOAD_ARMS = ("native-offload", "continuum-native-offload", "continuum-offload")
+# The plugin's connector as a victim tier (``store_mode: explicit``): its own
+# runs, so the sweeps above are reused as they are.
+VICTIM_ARM = "continuum-offload-explicit"
 CAPS = ("fcfs-cap8", "fcfs-cap12", "fcfs-cap16")
 # Sessions a minute at which the oracle serves each session about as it
 # would alone (they barely overlap): the JCT SLO's reference.
 SOLO_RATE = 0.02
 DEFAULT_RATES = {"h100-llama8b": "0.25,0.5,1,1.5", "h100-llama70b-tp4": "0.125,0.25,0.5"}
+# Finer rates per profile and host tier (GiB), run for the offload arms and
+# the oracle where the offload arms' capacities fall between two rates of
+# the coarse sweep: a ratio of capacities is only as fine as the grid.
+DEFAULT_FINE_RATES = {"h100-llama8b": {"64": "0.3,0.35,0.4,0.45", "256": "0.75"}}
 GPUS = {"h100-llama8b": 1, "h100-llama70b-tp4": 4}
+
+
+# README.md's block this script owns (the summary of the page it writes).
+README_BEGIN = "<!-- capacity-report: written by scripts/capacity_report.py -->"
+README_END = "<!-- /capacity-report -->"
 
 
 @dataclass(frozen=True)
@@ -129,12 +150,15 @@ def arm_series(points: list[dict[str, Any]], arm: str) -> dict[float, dict[str, 
     return {p["rate_per_min"]: p for p in points if p["arm"] == arm}
 
 
-def offload_verdict(ours: float | None, stock: float | None, oracle: float | None, rates: list[float]) -> str:
-    """The plugin + native offloading's capacity against stock + native
-    offloading's at one tier, and what bounds the ratio: when stock already
-    sustains the oracle's capacity (a pool that never evicts), no policy can
-    serve more on the sweep; when the next rate of the sweep is under 1.5x
-    stock's, the sweep cannot show the bar."""
+def offload_verdict(ours: float | None, stock: float | None, oracle: float | None, rates: list[float],
+                    oracle_rates: list[float] | None = None) -> str:
+    """A plugin offload arm's capacity against stock + native offloading's
+    at one tier, and what bounds the ratio: when stock already sustains the
+    oracle's capacity (a pool that never evicts), no policy can serve more
+    on the sweep; when the oracle misses the SLO at a rate of
+    ``oracle_rates`` within 1.5x stock's, no policy can reach the bar; when
+    the next rate of the sweep is under 1.5x stock's, the sweep cannot show
+    the bar."""
     if ours is None or stock is None:
         return "not comparable (an arm sustains no rate of the sweep)"
     ratio = ours / stock
@@ -145,10 +169,41 @@ def offload_verdict(ours: float | None, stock: float | None, oracle: float | Non
     if oracle is not None and stock >= oracle:
         return (verdict + f"; stock + native offloading already sustains the oracle's {oracle:g}/min, "
                 "so no policy serves more here")
+    missed = [r for r in (oracle_rates or ()) if oracle is not None and oracle < r <= 1.5 * stock + 1e-9]
+    if missed:
+        return (verdict + f"; the oracle (a pool that never evicts) misses the SLO at {missed[0]:g}/min, within 1.5x "
+                f"stock + native offloading's {stock:g}/min: there the GPU's compute, not its KV, breaks the SLO, "
+                "so no retention or tier policy can reach the bar here")
     above = [r for r in sorted(rates) if r > stock]
     if above and above[0] < 1.5 * stock:
         return verdict + f" (the sweep's next rate, {above[0]:g}/min, is under 1.5x stock's {stock:g}/min)"
     return verdict
+
+
+def fine_rates(spec: str, prof: str, tiers: list[str]) -> dict[str, str]:
+    """Host tier (GiB) -> its finer rates, for the tiers swept: ``spec`` as
+    ``--fine-rates`` takes it (``"64=0.3,0.4;256=0.75"``, ``"none"``), or
+    ``prof``'s defaults when empty. A rate that is not a positive number, or
+    an entry without ``TIER=``, is an error naming it."""
+    if spec == "none":
+        return {}
+    if not spec:
+        return {t: r for t, r in DEFAULT_FINE_RATES.get(prof, {}).items() if t in tiers}
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in spec.split(";") if e.strip()):
+        tier, sep, rates = entry.partition("=")
+        if not sep or not tier.strip() or not rates.strip():
+            raise ValueError(f"--fine-rates entry {entry!r} is not TIER=R,R")
+        for r in rates.split(","):
+            try:
+                ok = float(r) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"--fine-rates: rate {r!r} of tier {tier.strip()} is not a positive number")
+        if tier.strip() in tiers:
+            out[tier.strip()] = rates.strip()
+    return out
 
 
 def profile_section(
@@ -160,7 +215,7 @@ def profile_section(
     Returns the lines, the attainment per arm and rate, and the capacities."""
     series: dict[str, dict[float, dict[str, Any]]] = {a: arm_series(pts, a) for a in BASE_ARMS}
     for t, tp in per_tier.items():
-        for a in OFFLOAD_ARMS:
+        for a in (*OFFLOAD_ARMS, VICTIM_ARM):
             series[f"{a} ({t} GiB)"] = arm_series(tp, a)
     # Plain admission at its best cap, per rate.
     best_cap: dict[float, dict[str, Any]] = {}
@@ -174,7 +229,8 @@ def profile_section(
     tiers = list(per_tier)
     order = ["fcfs", *[f"native-offload ({t} GiB)" for t in tiers], *(["fcfs-cap (best)"] if best_cap else []),
              "continuum",
-             *[f"{a} ({t} GiB)" for t in tiers for a in ("continuum-native-offload", "continuum-offload")],
+             *[f"{a} ({t} GiB)" for t in tiers for a in ("continuum-native-offload", "continuum-offload", VICTIM_ARM)
+               if series[f"{a} ({t} GiB)"]],
              "oracle"]
     shares = {arm: {r: attainment(p, solo, slo) for r, p in series[arm].items()} for arm in order}
     all_rates = sorted({r for arm in order for r in series[arm]})
@@ -204,7 +260,8 @@ def profile_section(
         lines.append(f"| {label} | " + " | ".join(cells)
                      + f" | {'none' if cap is None else f'{cap:g}'} | {flight} | {tok} | {vs} |")
     lines += ["", "`vs stock`: an offload arm's capacity over `native-offload` at the same tier, the others' "
-              "over `fcfs`. `none`: not even the lowest rate is sustained.", ""]
+              "over `fcfs`. `none`: not even the lowest rate is sustained. `-`: not run at that rate (the finer "
+              "rates run for the offload arms and the oracle, where the offload arms' capacities differ).", ""]
     lines += ["What breaks first: at the lowest rate each arm does not sustain, its sessions missing each half of "
               f"the SLO (p90 TTFT > {slo.ttft_p90_s:g} s; JCT > {slo.jct_factor:g}x alone; a session may miss both), "
               "and the rate's mean TTFT, queueing and JCT:", "",
@@ -290,6 +347,38 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
     return lines
 
 
+def readme_body(capacities: dict[str, dict[str, float | None]], slo: Slo, doc: str) -> list[str]:
+    """README's summary: each arm's capacity per profile (sessions/min per
+    replica) and its ratio over its stock reference (``reference_arm``)."""
+    profiles = list(capacities)
+    arms = list(dict.fromkeys(a for caps in capacities.values() for a in caps))
+    lines = [
+        "Simulated (vLLM's real scheduler on a virtual clock, roofline step model): the most Claude Code",
+        "sessions a minute one replica takes while >= "
+        f"{slo.attainment:.0%} of them keep p90 TTFT <= {slo.ttft_p90_s:g} s and JCT <= {slo.jct_factor:g}x "
+        "their JCT served alone",
+        "(the `headers-only` client, sub-agents, the shared system prompt); in brackets, over stock vLLM",
+        f"(`fcfs`), or over `native-offload` at the same host tier for an offload arm. Per rate and tier: [{doc}]({doc}).",
+        "",
+        "| arm | " + " | ".join(profiles) + " |",
+        "|---|" + "---:|" * len(profiles),
+    ]
+    for arm in arms:
+        cells = []
+        for prof in profiles:
+            cap = capacities[prof].get(arm)
+            ref = capacities[prof].get(reference_arm(arm))
+            if arm not in capacities[prof]:
+                cells.append("-")
+            elif cap is None:
+                cells.append("none")
+            else:
+                cells.append(f"{cap:g}/min" + (f" ({cap / ref:.2f}x)" if ref and arm != reference_arm(arm) else ""))
+        label = "fcfs-cap (best cap per rate)" if arm == "fcfs-cap (best)" else arm
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--step-model", default="roofline", choices=["roofline", "aiconfigurator"])
@@ -298,6 +387,10 @@ def main() -> int:
     ap.add_argument("--rates", default="",
                     help="arrival rates (sessions/min) to sweep, comma-separated "
                          f"(default per profile: {DEFAULT_RATES})")
+    ap.add_argument("--fine-rates", default="",
+                    help="finer rates for the offload arms and the oracle, per host tier, the same for every "
+                         "profile: 'TIER=R,R;TIER=R' ('none': no finer rates; default per profile: "
+                         f"{DEFAULT_FINE_RATES})")
     ap.add_argument("--caps", default=",".join(CAPS),
                     help="plain-admission arms, the best per rate reported (default: %(default)s)")
     ap.add_argument("--tiers", default="64,256", help="host tiers for the offload arms, GiB per GPU (default: %(default)s)")
@@ -312,6 +405,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "sim", "capacity"))
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "capacity.md"))
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "capacity.png"))
+    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"),
+                    help="README whose capacity-report block gets the summary ('' : none)")
     args = ap.parse_args()
     slo = Slo(args.ttft_slo, args.jct_slo, args.attainment)
     profiles = [p for p in args.profiles.split(",") if p]
@@ -340,8 +435,18 @@ def main() -> int:
         "rate x mean JCT (sessions served at once, AA-AgentPerf's form); `tok/GPU-s` the prompt and output tokens",
         "of all sessions over the makespan, per GPU (AgentX's form), at the capacity rate.",
         "",
+        "Host tiers: `native-offload` is vLLM's own CPU offloading (`--kv-offloading-size`) under the stock",
+        "scheduler, `continuum-native-offload` the same under Continuum; `continuum-offload` the plugin's",
+        "connector (`ContinuumOffloadConnector`, its default `store_mode: eager`); `continuum-offload-explicit`",
+        "the same connector as a victim tier (`store_mode: explicit`: only what leaves a pin or a SLOW turn is",
+        "stored, where native offloading and `eager` copy every block as it is computed, so the tier also holds",
+        "what the GPU pool still has). Finer rates run for the offload arms and the oracle where their capacities",
+        "fall between two rates of the sweep, and at 1.5x stock + native offloading's capacity at each tier (the",
+        "issue's bar), so the page says whether anything, the oracle included, sustains that rate.",
+        "",
     ]
     plots: list[tuple[str, dict[str, dict[float, float | None]]]] = []
+    capacities: dict[str, dict[str, float | None]] = {}
     summary: list[str] = []
     for prof in profiles:
         rates = args.rates or DEFAULT_RATES[prof]
@@ -351,9 +456,36 @@ def main() -> int:
         pts = point(f"{prof}-base", [*sweep, "--policies", ",".join(BASE_ARMS)])
         cap_arms = [c for c in args.caps.split(",") if c]
         caps = point(f"{prof}-caps", [*sweep, "--policies", ",".join(cap_arms)]) if cap_arms else []
-        per_tier = {t: point(f"{prof}-offload-{t}g", [*sweep, "--policies", ",".join(OFFLOAD_ARMS),
-                                                       "--offload-gib", t]) for t in tiers}
+        fine = fine_rates(args.fine_rates, prof, tiers)
+        if fine:  # the oracle at every finer rate: what any policy could sustain there
+            union = ",".join(f"{r:g}" for r in sorted({float(r) for rs in fine.values() for r in rs.split(",")}))
+            pts = pts + point(f"{prof}-oracle-fine", [*base, "--sweep-rate", union, "--policies", "oracle"])
+        per_tier: dict[str, list[dict[str, Any]]] = {}
+        for t in tiers:
+            tier = ["--offload-gib", t]
+            per_tier[t] = [*point(f"{prof}-offload-{t}g", [*sweep, "--policies", ",".join(OFFLOAD_ARMS), *tier]),
+                           *point(f"{prof}-offload-{t}g-victim", [*sweep, "--policies", VICTIM_ARM, *tier])]
+            if t in fine:
+                per_tier[t] += point(f"{prof}-offload-{t}g-fine", [
+                    *base, "--sweep-rate", fine[t], "--policies", ",".join((*OFFLOAD_ARMS, VICTIM_ARM)), *tier])
         section, shares, caps_by_arm = profile_section(prof, solo, pts, caps, cap_arms, per_tier, slo)
+        # The bar itself: where no rate of the sweep is 1.5x stock + native
+        # offloading's capacity at a tier, the offload arms and the oracle
+        # run at exactly that rate, so the page can say whether anything,
+        # the oracle included, sustains it.
+        tier_rates = {t: sorted({p["rate_per_min"] for p in tp}) for t, tp in per_tier.items()}
+        bars = {t: round(1.5 * stock, 6) for t in tiers
+                if (stock := caps_by_arm.get(f"native-offload ({t} GiB)")) is not None
+                and all(abs(r - 1.5 * stock) > 1e-9 for r in tier_rates[t])}
+        for t, bar in bars.items():
+            got = point(f"{prof}-offload-{t}g-bar", [*base, "--rate", f"{bar:g}", "--policies",
+                                                     ",".join((*OFFLOAD_ARMS, VICTIM_ARM, "oracle")),
+                                                     "--offload-gib", t])
+            per_tier[t] += [p for p in got if p["arm"] != "oracle"]
+            pts = pts + [p for p in got if p["arm"] == "oracle"]
+            tier_rates[t].append(bar)
+        if bars:
+            section, shares, caps_by_arm = profile_section(prof, solo, pts, caps, cap_arms, per_tier, slo)
         lines += section
         ttft_rate = float(args.ttft_rate) if args.ttft_rate else DEFAULT_TTFT_RATE.get(prof, 0.0)
         if ttft_rate > 0:
@@ -363,17 +495,23 @@ def main() -> int:
             oracle = arm_series(pts, "oracle").get(ttft_rate)
             lines += ttft_section(prof, ttft_rate, oracle, split)
         plots.append((prof, shares))
+        capacities[prof] = caps_by_arm
         summary.append(f"- {prof}: " + "; ".join(
             f"{arm} {'none' if cap is None else f'{cap:g}/min'}" for arm, cap in caps_by_arm.items()))
+        oracle_rates = sorted(arm_series(pts, "oracle"))
         for t in tiers:
-            verdict = offload_verdict(caps_by_arm.get(f"continuum-native-offload ({t} GiB)"),
-                                      caps_by_arm.get(f"native-offload ({t} GiB)"), caps_by_arm.get("oracle"),
-                                      [float(r) for r in rates.split(",")])
-            summary.append(f"  - the plugin + native offloading against stock + native offloading at {t} GiB: "
-                           f"{verdict}.")
+            stock = caps_by_arm.get(f"native-offload ({t} GiB)")
+            for arm, who in (("continuum-native-offload", "the plugin + native offloading"),
+                             (VICTIM_ARM, "the plugin + its connector as a victim tier")):
+                verdict = offload_verdict(caps_by_arm.get(f"{arm} ({t} GiB)"), stock, caps_by_arm.get("oracle"),
+                                          sorted(tier_rates[t]), oracle_rates)
+                summary.append(f"  - {who} against stock + native offloading at {t} GiB: {verdict}.")
     lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", ""]
     sims.write(args.doc, lines, "capacity_report")
     _plot(plots, slo, args.plot)
+    if args.readme:
+        rel = os.path.relpath(args.doc, os.path.dirname(os.path.abspath(args.readme)))
+        replace_readme_block(args.readme, README_BEGIN, README_END, readme_body(capacities, slo, rel))
     return 0
 
 

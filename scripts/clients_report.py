@@ -48,7 +48,7 @@ import sys
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.sim_report import SimPoints  # noqa: E402
+from scripts.sim_report import SimPoints, replace_readme_block  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # README.md's block this script owns (the summary of the page it writes).
@@ -201,13 +201,8 @@ def summary_row(title: str, points: list[dict], caps: list[dict], last_points: l
 
 def write_readme_block(readme: str, rows: list[str], doc: str) -> None:
     """Replace README's block between the markers with ``rows``' table."""
-    with open(readme) as f:
-        text = f.read()
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"{readme} has no {README_BEGIN} ... {README_END} block to write")
     rel = os.path.relpath(doc, os.path.dirname(os.path.abspath(readme)))
-    block = [
-        README_BEGIN,
+    replace_readme_block(readme, README_BEGIN, README_END, [
         "Simulated (vLLM's real scheduler on a virtual clock, roofline step model), at the high load of",
         f"each workload (FCFS's hit share below 50%): Continuum's share of the FCFS -> oracle gap in mean JCT",
         "and its speed-up over FCFS under each client profile, next to plain admission at its best fixed",
@@ -219,11 +214,7 @@ def write_readme_block(readme: str, rows: list[str], doc: str) -> None:
         "| aiperf, last turn flagged |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
-        README_END,
-    ]
-    a, b = text.index(README_BEGIN), text.index(README_END) + len(README_END)
-    with open(readme, "w") as f:
-        f.write(text[:a] + "\n".join(block) + text[b:])
+    ])
 
 
 def low_verdict(points: list[dict]) -> list[str]:

@@ -77,6 +77,19 @@ class SimPoints:
         print(f"[{who}] wrote {doc}", file=sys.stderr)
 
 
+def replace_readme_block(readme: str, begin: str, end: str, body: list[str]) -> None:
+    """Replace the README's block between the ``begin`` and ``end`` marker
+    lines (kept) with ``body``: the block a report script owns. A README
+    without both markers is an error that names them."""
+    with open(readme) as f:
+        text = f.read()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{readme} has no {begin} ... {end} block to write")
+    a, b = text.index(begin), text.index(end) + len(end)
+    with open(readme, "w") as f:
+        f.write(text[:a] + "\n".join([begin, *body, end]) + text[b:])
+
+
 def load(path: str) -> dict:
     with open(path) as f:
         return json.load(f)

@@ -128,7 +128,78 @@ def test_the_verdict_says_what_bounds_the_plugins_ratio_over_stock_native_offloa
     tied = cr.offload_verdict(0.5, 0.5, 0.5, rates)
     assert "1.00x: the 1.5x bar is not reached" in tied and "already sustains the oracle's 0.5/min" in tied
     assert "serves fewer" in cr.offload_verdict(0.25, 0.5, 1.0, rates)
+    # The oracle itself under 1.5x stock's capacity: the GPU's compute bounds every policy.
+    grid = [0.3, 0.35, 0.4, 0.45, 0.5, 0.525, 0.75]
+    bounded = cr.offload_verdict(0.4, 0.35, 0.5, grid, oracle_rates=grid)
+    assert bounded.startswith("1.14x: the 1.5x bar is not reached")
+    assert ("the oracle (a pool that never evicts) misses the SLO at 0.525/min, within 1.5x stock + native "
+            "offloading's 0.35/min") in bounded
+    # Only a rate the oracle ran and missed proves it: without 0.525, 0.75 is past the bar and says nothing.
+    assert "oracle" not in cr.offload_verdict(0.4, 0.35, 0.5, grid, oracle_rates=[0.3, 0.5, 0.75])
     assert cr.offload_verdict(None, 0.25, 0.5, rates).startswith("not comparable")
     # A grid too coarse to show 1.5x between stock's rate and the next.
     assert "next rate, 0.6/min, is under 1.5x stock's 0.5/min" in cr.offload_verdict(0.5, 0.5, 1.0, [0.25, 0.5, 0.6, 1])
     assert cr.offload_verdict(0.5, 0.5, 1.0, rates) == "1.00x: the 1.5x bar is not reached on this sweep's rates"
+
+
+def test_finer_rates_are_per_tier_and_bad_ones_name_themselves():
+    import pytest
+
+    assert cr.fine_rates("", "h100-llama8b", ["64", "256"]) == cr.DEFAULT_FINE_RATES["h100-llama8b"]
+    assert cr.fine_rates("", "h100-llama8b", ["64"]) == {"64": cr.DEFAULT_FINE_RATES["h100-llama8b"]["64"]}
+    assert cr.fine_rates("", "h100-llama70b-tp4", ["64", "256"]) == {}
+    assert cr.fine_rates("none", "h100-llama8b", ["64"]) == {}
+    assert cr.fine_rates("64=0.3,0.4; 256=0.75", "any", ["64"]) == {"64": "0.3,0.4"}  # tiers not swept drop
+    with pytest.raises(ValueError, match="entry '0.3,0.4' is not TIER=R,R"):
+        cr.fine_rates("0.3,0.4", "any", ["64"])
+    with pytest.raises(ValueError, match="rate 'x' of tier 64 is not a positive number"):
+        cr.fine_rates("64=0.3,x", "any", ["64"])
+    with pytest.raises(ValueError, match="rate '-1' of tier 64"):
+        cr.fine_rates("64=-1", "any", ["64"])
+
+
+def test_finer_rates_decide_a_capacity_between_two_coarse_rates():
+    """Stock + native offloading sustains 1/min on the coarse grid, the
+    victim tier too; a finer rate between 1 and 2/min that only the victim
+    tier sustains makes its capacity 1.5x stock's. Arms not run at a rate
+    show `-` there, and their capacity stands on the rates they ran."""
+    solo = {f"j{i}": (100.0, 1000) for i in range(10)}
+    fine, slow = [110.0] * 10, [110.0] * 8 + [200.0] * 2
+    base = [_point("fcfs", 1, fine), _point("fcfs", 2, slow), _point("continuum", 1, fine),
+            _point("continuum", 2, slow), _point("oracle", 1, fine), _point("oracle", 1.5, fine),
+            _point("oracle", 2, fine)]
+    tier = [_point("native-offload", 1, fine), _point("native-offload", 2, slow),
+            _point("native-offload", 1.5, slow),
+            _point("continuum-native-offload", 1, fine), _point("continuum-native-offload", 2, slow),
+            _point("continuum-native-offload", 1.5, slow),
+            _point("continuum-offload", 1, fine), _point("continuum-offload", 2, slow),
+            _point("continuum-offload", 1.5, slow),
+            _point(cr.VICTIM_ARM, 1, fine), _point(cr.VICTIM_ARM, 2, slow), _point(cr.VICTIM_ARM, 1.5, fine)]
+    lines, shares, capacities = cr.profile_section("h100-llama8b", solo, base, [], [], {"64": tier}, SLO)
+    assert capacities[f"{cr.VICTIM_ARM} (64 GiB)"] == 1.5
+    assert capacities["native-offload (64 GiB)"] == 1
+    assert capacities["fcfs"] == 1 and capacities["oracle"] == 2
+    text = "\n".join(lines)
+    assert f"| {cr.VICTIM_ARM} (64 GiB) | 100% | 100% | 80% | 1.5 | 2.8 | 10 | 1.50x |" in text
+    assert "| fcfs | 100% | - | 80% | 1 |" in text  # not run at 1.5/min
+    assert cr.offload_verdict(1.5, 1.0, 2.0, [1, 1.5, 2]).startswith("1.50x: the 1.5x bar holds")
+
+
+def test_the_readme_summary_gives_each_arms_capacity_against_its_stock_reference(tmp_path):
+    capacities = {
+        "h100-llama8b": {"fcfs": 0.25, "native-offload (64 GiB)": 0.3, "continuum": 0.25,
+                         f"{cr.VICTIM_ARM} (64 GiB)": 0.45, "oracle": 0.5, "fcfs-cap (best)": None},
+        "h100-llama70b-tp4": {"fcfs": 0.125, "native-offload (64 GiB)": 0.25, "continuum": 0.125, "oracle": 0.25},
+    }
+    body = cr.readme_body(capacities, SLO, "docs/capacity.md")
+    assert "| arm | h100-llama8b | h100-llama70b-tp4 |" in body
+    assert "| fcfs | 0.25/min | 0.125/min |" in body  # the reference carries no ratio
+    assert f"| {cr.VICTIM_ARM} (64 GiB) | 0.45/min (1.50x) | - |" in body  # over native at its tier; not run on 70B
+    assert "| continuum | 0.25/min (1.00x) | 0.125/min (1.00x) |" in body
+    assert "| fcfs-cap (best cap per rate) | none | - |" in body
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{cr.README_BEGIN}\nold\n{cr.README_END}\nafter\n")
+    cr.replace_readme_block(str(readme), cr.README_BEGIN, cr.README_END, body)
+    text = readme.read_text()
+    assert text.startswith(f"intro\n{cr.README_BEGIN}\nSimulated") and text.endswith(f"{cr.README_END}\nafter\n")
+    assert "old" not in text

@@ -8,7 +8,7 @@ import logging
 import pytest
 from vllm.config import KVTransferConfig
 
-from benchmarks.sim.arms import ARMS, EngineShape, build_scheduler
+from benchmarks.sim.arms import ARMS, Arm, EngineShape, build_scheduler
 from benchmarks.sim.profiles import PROFILES, write_config_dir
 from vllm_continuum_plugin.clock import ManualClock
 from vllm_continuum_plugin.connectors.kv_offload import ContinuumOffloadConnector
@@ -39,7 +39,16 @@ NATIVE = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
 def test_the_plugins_connector_is_the_backend(shape: EngineShape) -> None:
     s = build_scheduler(ARMS["continuum-offload"], shape, ManualClock())
     assert isinstance(s.offload, ContinuumOffloadConnector) and isinstance(s.offload, OffloadBackend)
+    assert s.offload.settings.store_mode == "eager"  # the connector's default
     s.shutdown()
+    victim = build_scheduler(ARMS["continuum-offload-explicit"], shape, ManualClock())
+    assert isinstance(victim.offload, ContinuumOffloadConnector) and victim.offload.settings.store_mode == "explicit"
+    victim.shutdown()
+
+
+def test_a_store_mode_is_an_arm_of_the_plugins_connector_only() -> None:
+    with pytest.raises(ValueError, match="store_mode 'explicit' needs offload='plugin'"):
+        Arm("bad", "continuum", offload="native", store_mode="explicit")
 
 
 def test_the_backend_is_found_inside_a_multiconnector(shape: EngineShape, caplog: pytest.LogCaptureFixture) -> None:

@@ -157,7 +157,8 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     jobs = pressured_jobs()
     model = RooflineStepModel(PROFILE)
     by_arm = {}
-    for arm in parse_arms("fcfs,continuum,context_serve,continuum-offload,native-offload,continuum-native-offload,oracle"):
+    for arm in parse_arms("fcfs,continuum,context_serve,continuum-offload,continuum-offload-explicit,native-offload,"
+                          "continuum-native-offload,oracle"):
         first, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))  # asserts all blocks free
         again, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))
         assert first == again, arm.name
@@ -174,6 +175,13 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     assert offload.stored_tokens > 0 and offload.loaded_tokens > 0
     assert offload.hit_share > by_arm["continuum"].hit_share
     assert offload.recomputed_tokens < by_arm["continuum"].recomputed_tokens
+    # The same connector as a victim tier stores only what leaves a pin (or
+    # a SLOW turn), not every computed block, and still reloads rather than
+    # recomputes what the pins let go.
+    victim = by_arm["continuum-offload-explicit"]
+    assert 0 < victim.stored_tokens < offload.stored_tokens
+    assert victim.loaded_tokens > 0
+    assert victim.recomputed_tokens < by_arm["continuum"].recomputed_tokens
     # vLLM's own offloading (its real OffloadingConnectorScheduler and LRU
     # CPU manager): every computed block is stored write-through, and what
     # FCFS evicted is loaded back instead of recomputed.

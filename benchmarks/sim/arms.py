@@ -14,6 +14,10 @@ An :class:`Arm` names a scheduling policy and how the KV pool is sized:
   freed turn are stored in host memory and reloaded over PCIe instead of
   recomputed; its scheduler side runs unchanged, the copies are simulated
   (``offload``);
+* ``continuum-offload-explicit`` -- the same connector as a victim tier
+  (``store_mode: explicit``): only what leaves a pin or a SLOW turn is
+  stored, so the host tier holds what the GPU pool no longer does instead of
+  a copy of it;
 * ``native-offload`` -- vLLM's stock scheduler with vLLM's own CPU
   offloading, as ``--kv-offloading-size`` configures it (``OffloadingConnector``
   over the stock ``CPUOffloadingSpec``: write-through stores of every
@@ -70,10 +74,14 @@ class Arm:
     continuum: tuple[tuple[str, Any], ...] = ()
     offload: str = ""  # "" none, "plugin": ContinuumOffloadConnector, "native": vLLM's OffloadingConnector
     job_cap: int = 0  # plain admission: at most this many jobs in flight (0: none)
+    # The plugin connector's ``store_mode`` (offload == "plugin"; "" -- its default).
+    store_mode: str = ""
 
     def __post_init__(self) -> None:
         if self.offload not in ("", "plugin", "native"):
             raise ValueError(f"Arm {self.name!r}: offload must be '', 'plugin' or 'native', got {self.offload!r}")
+        if self.store_mode and self.offload != "plugin":
+            raise ValueError(f"Arm {self.name!r}: store_mode {self.store_mode!r} needs offload='plugin'")
 
     @property
     def is_plugin(self) -> bool:
@@ -86,6 +94,7 @@ ARMS: dict[str, Arm] = {
     "context_serve": Arm("context_serve", "context_serve"),
     "continuum-paper": Arm("continuum-paper", "continuum", continuum=(("admission", False), ("ttl_policy", "cdf"))),
     "continuum-offload": Arm("continuum-offload", "continuum", offload="plugin"),
+    "continuum-offload-explicit": Arm("continuum-offload-explicit", "continuum", offload="plugin", store_mode="explicit"),
     "native-offload": Arm("native-offload", "fcfs", offload="native"),
     "continuum-native-offload": Arm("continuum-native-offload", "continuum", offload="native"),
     "oracle": Arm("oracle", "fcfs", unbounded_pool=True),
@@ -177,7 +186,10 @@ def build_scheduler(
         from vllm.config import KVTransferConfig
 
         if arm.offload == "plugin":
-            connector, extra = "ContinuumOffloadConnector", {"cpu_bytes": int(shape.offload_bytes)}
+            extra: dict[str, Any] = {"cpu_bytes": int(shape.offload_bytes)}
+            connector = "ContinuumOffloadConnector"
+            if arm.store_mode:
+                extra["store_mode"] = arm.store_mode
         else:
             # What `--kv-offloading-size GIB --kv-offloading-backend native`
             # sets (VllmConfig._post_init_kv_transfer_config); the stock
