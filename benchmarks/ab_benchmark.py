@@ -79,12 +79,15 @@ class Arm(NamedTuple):
     tagged: bool = True
 
 
-def offload_args(cpu_bytes: float, holds: bool = True) -> list[str]:
+def offload_args(cpu_bytes: float, holds: bool = True, store_mode: str = "") -> list[str]:
     """``--kv-transfer-config`` of the offload arms: the plugin's connector
-    with a ``cpu_bytes`` store (``holds=False``: plain LRU, no job holds)."""
+    with a ``cpu_bytes`` store (``holds=False``: plain LRU, no job holds;
+    ``store_mode``: the connector's, "" -- its default)."""
     extra: dict[str, Any] = {"cpu_bytes": int(cpu_bytes)}
     if not holds:
         extra["hold_seconds"] = 0
+    if store_mode:
+        extra["store_mode"] = store_mode
     config = {
         "kv_connector": "ContinuumOffloadConnector",
         "kv_role": "kv_both",

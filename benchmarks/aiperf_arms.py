@@ -14,7 +14,12 @@ live:
   (``X-Claude-Code-Session-Id``, one of the plugin's ``session_headers``)
   instead of vLLM's ``X-Session-ID``;
 * ``<policy>-no-header`` -- no session id at all: the plugin sees
-  untagged traffic and has only implicit jobs (prefix matching) to go on.
+  untagged traffic and has only implicit jobs (prefix matching) to go on;
+* ``native-offload`` / ``continuum-native-offload`` -- vLLM's own CPU
+  offloading under the stock / Continuum scheduler;
+* ``continuum-offload-explicit`` -- Continuum with the plugin's connector as
+  a victim tier (``store_mode: explicit``: only what leaves a pin or a SLOW
+  turn is stored), with the same host tier as the native arms.
 
 AIPerf sends a session id only as a header (``--session-header``), so the
 plugin's own ``job_id`` body field cannot be replayed per session; the
@@ -56,6 +61,14 @@ class LiveArm:
     # it) under this arm, with a host tier of the run's ``--host-tier``
     # share of the sessions' peak working set.
     native_offload: bool = False
+    # The plugin's ContinuumOffloadConnector under this arm, in this
+    # ``store_mode`` ("" -- none), with the same host tier.
+    plugin_offload: str = ""
+
+    @property
+    def host_tier(self) -> bool:
+        """The arm runs a host tier (``--host-tier`` of the working set)."""
+        return self.native_offload or bool(self.plugin_offload)
 
 
 def _named() -> dict[str, LiveArm]:
@@ -65,6 +78,7 @@ def _named() -> dict[str, LiveArm]:
     arms["oracle"] = LiveArm("oracle", "fcfs", unbounded_pool=True)
     arms["native-offload"] = LiveArm("native-offload", "fcfs", native_offload=True)
     arms["continuum-native-offload"] = LiveArm("continuum-native-offload", "continuum", native_offload=True)
+    arms["continuum-offload-explicit"] = LiveArm("continuum-offload-explicit", "continuum", plugin_offload="explicit")
     for p in POLICIES:
         arms[f"{p}-claude-header"] = LiveArm(f"{p}-claude-header", p, session_header=CLAUDE_CODE_HEADER)
         arms[f"{p}-no-header"] = LiveArm(f"{p}-no-header", p, session_header=None)

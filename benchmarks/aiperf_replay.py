@@ -267,7 +267,7 @@ def arm_pool(arm: LiveArm, plan: Plan) -> int:
 
 
 def host_tier_blocks(args: argparse.Namespace, plan: Plan) -> int:
-    """The native-offload arms' host tier in 32-token blocks: ``--host-tier``
+    """The offload arms' host tier in 32-token blocks: ``--host-tier``
     times the sessions' peak working set (the oracle's pool)."""
     return max(1, round(args.host_tier * plan.oracle_blocks))
 
@@ -286,6 +286,11 @@ def server_args(args: argparse.Namespace, arm: LiveArm, plan: Plan) -> list[str]
         from .ab_benchmark import native_offload_args
 
         extra += native_offload_args(host_tier_blocks(args, plan) * SERVER_BLOCK * kv_per_token)
+    elif arm.plugin_offload:
+        from .ab_benchmark import offload_args
+
+        extra += offload_args(host_tier_blocks(args, plan) * SERVER_BLOCK * kv_per_token,
+                              store_mode=arm.plugin_offload)
     return [
         "--scheduling-policy", arm.policy,
         "--block-size", str(SERVER_BLOCK),
@@ -436,7 +441,7 @@ def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run
     summary["aiperf_wall_s"] = wall
     summary["arm"] = {"policy": arm.policy, "continuum": dict(arm.continuum), "num_blocks": arm_pool(arm, plan),
                       "session_header": arm.session_header,
-                      "host_tier_blocks": host_tier_blocks(args, plan) if arm.native_offload else 0}
+                      "host_tier_blocks": host_tier_blocks(args, plan) if arm.host_tier else 0}
     summary["server_counters"] = counter_deltas(before, after)
     summary["requests_detail"] = request_rows(records)
     return summary
@@ -485,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV pool in 32-token blocks, the same for every arm (default 0 = auto: half the "
                         "sessions' peak working set, at least 1.5 x the largest request)")
     p.add_argument("--host-tier", type=float, default=0.5,
-                   help="host tier of the native-offload arms (vLLM's OffloadingConnector), as a share of the "
+                   help="host tier of the offload arms (vLLM's OffloadingConnector, the plugin's connector), "
+                        "as a share of the "
                         "sessions' peak working set (default: %(default)s: with the pool, less than the "
                         "working set, so the tier overflows as an undersized one does)")
     p.add_argument("--max-model-len", type=int, default=0,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -105,20 +106,21 @@ def pooled_share(totals: dict[str, list[float | None]], arm: str) -> tuple[list[
 
 
 def host_tier_note(results: list[dict[str, Any]]) -> list[str]:
-    """A line on the native-offload arms' host tier, when a run has them."""
+    """A line on the offload arms' host tier, when a run has them."""
     for r in results:
         for a in r["arms"]:
             blocks = (a.get("arm") or {}).get("host_tier_blocks") or 0
             if blocks:
                 share = r["config"].get("host_tier")
-                return [f"The `*native-offload` arms run vLLM's own CPU offloading (its `OffloadingConnector`) "
-                        f"with a host tier of {blocks} blocks"
+                return [f"The `*native-offload` arms run vLLM's own CPU offloading (its `OffloadingConnector`), "
+                        "`continuum-offload-explicit` the plugin's connector as a victim tier (`store_mode: "
+                        f"explicit`), with a host tier of {blocks} blocks"
                         + (f" ({share:g} x the sessions' peak working set)" if share else "")
                         + ": pool and tier together keep less than the sessions need."]
     return []
 
 
-def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
+def render(results: list[dict[str, Any]], arms: list[str], command: str, plot_name: str = "aiperf.png") -> str:
     first = results[0]
     by_run = [{a["policy"]: a for a in r["arms"] if "error" not in a} for r in results]
     n = len(results)
@@ -176,7 +178,7 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str) -> str:
         lines.append(f"| {arm} | {c.get('jobs_ended', 0):.0f} | {c.get('session_conversations', 0):.0f} | "
                      f"{c.get('pins_created', 0):.0f} | {c.get('pins_released_handoff', 0):.0f} | "
                      f"{c.get('pins_released_ttl', 0):.0f} | {sum(r[arm]['failed'] for r in by_run if arm in r)} |")
-    lines += ["", "![mean session JCT per arm and run](aiperf.png)", ""]
+    lines += ["", f"![mean session JCT per arm and run]({plot_name})", ""]
     return "\n".join(lines)
 
 
@@ -251,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run directories go here as run1, run2, ... (default: %(default)s)")
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "aiperf.md", help="page to write")
     parser.add_argument("--plot", type=Path, default=REPO / "docs" / "aiperf.png", help="plot to write")
-    parser.add_argument("--readme", type=Path, default=REPO / "README.md",
-                        help="README whose aiperf-report block gets the summary (default: %(default)s)")
+    parser.add_argument("--readme", default=str(REPO / "README.md"),
+                        help="README whose aiperf-report block gets the summary ('': none, for a page of "
+                             "its own; default: %(default)s)")
     parser.add_argument("--only-report", action="store_true", help="render from existing run directories")
     parser.add_argument("--resume", action="store_true",
                         help="run in each run directory only the arms it has no result for (keeps the others)")
@@ -269,12 +272,18 @@ def main(argv: list[str] | None = None) -> int:
             if todo:
                 replay(d, ",".join(todo), replay_args)  # a failed arm is reported in the page
     results = [load(d) for d in dirs]
+    # Where the page, its plot and its runs go, when not to the defaults.
+    places = [f"--{name.replace('_', '-')}={os.path.relpath(value, REPO) if value else value}"
+              for name, value in (("out_root", args.out_root), ("doc", args.doc), ("plot", args.plot),
+                                  ("readme", args.readme))
+              if str(value) != str(parser.get_default(name))]
     command = "python scripts/aiperf_report.py " + shlex.join(
-        [f"--runs={args.runs}", f"--arms={args.arms}"] + (["--", *replay_args] if replay_args else []))
-    text = render(results, arms, command)
+        [f"--runs={args.runs}", f"--arms={args.arms}", *places] + (["--", *replay_args] if replay_args else []))
+    text = render(results, arms, command, os.path.relpath(args.plot, args.doc.parent))
     args.doc.write_text(text)
     plot(results, arms, args.plot)
-    update_readme(args.readme, readme_block(results, arms))
+    if args.readme:
+        update_readme(Path(args.readme), readme_block(results, arms))
     print(text)
     return 0
 

@@ -329,6 +329,25 @@ def test_native_offload_arms_run_vllms_offloading_connector_with_a_tier_of_the_w
     assert "--kv-offloading-size" not in ar.server_args(args, fcfs, plan)
 
 
+def test_the_victim_tier_arm_runs_the_plugins_connector_in_explicit_mode_with_the_same_tier():
+    """``continuum-offload-explicit``: Continuum over the plugin's connector
+    as a victim tier, its store as large as the native arms' host tier."""
+    import json
+
+    from vllm_continuum_plugin.benchmarks.aiperf_arms import parse_live_arms
+
+    (victim,) = parse_live_arms("continuum-offload-explicit")
+    assert victim.policy == "continuum" and victim.host_tier and not victim.native_offload
+    args = ar.build_parser().parse_args(["--dtype", "float32", "--host-tier", "0.5"])
+    plan = ar.Plan([], [], num_blocks=100, max_model_len=1024, oracle_blocks=900)
+    argv = ar.server_args(args, victim, plan)
+    assert "--kv-offloading-size" not in argv
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "ContinuumOffloadConnector"
+    assert config["kv_connector_extra_config"]["store_mode"] == "explicit"
+    assert config["kv_connector_extra_config"]["cpu_bytes"] == 450 * 32 * 2 * 30 * 3 * 64 * 4
+
+
 def test_aiperf_env_is_online_and_uncached(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     env = ar.aiperf_env()
@@ -472,3 +491,37 @@ def test_a_run_is_completed_arm_by_arm_and_pooled_over_the_runs_each_arm_has(tmp
     assert "new5678: continuum-paper (run 2)" in text
     block = aiperf_report.readme_block(results, ["fcfs", "continuum", "continuum-paper"])
     assert "| continuum-paper | 1 | 175.0 s | +25% |" in block
+
+
+def test_a_page_of_its_own_leaves_the_readme_and_names_where_it_went(tmp_path, monkeypatch):
+    """``--readme ''`` with another --doc/--plot/--out-root: a side
+    experiment (the victim tier against native offloading) gets its own page,
+    written from its runs, while README's block keeps the main replay's."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import aiperf_report
+    finally:
+        sys.path.pop(0)
+    run = tmp_path / "runs" / "run1"
+    run.mkdir(parents=True)
+    arms = [{"policy": p, "jct_s": {"mean": j}, "prefix_cache_hit_share": 0.5, "failed": 0,
+             "arm": {"host_tier_blocks": 40 if "offload" in p else 0}}
+            for p, j in (("native-offload", 300.0), ("continuum-offload-explicit", 250.0), ("oracle", 100.0))]
+    (run / "results.json").write_text(json.dumps({
+        "cpu": "Test CPU", "dtype": "float32", "aiperf_version": "0.13.0", "num_blocks": 600, "block_size": 32,
+        "config": {"merge": 16, "max_think": 5.0, "host_tier": 0.5}, "sessions": [{"turns": 15}] * 24,
+        "arms": arms}))
+    doc, plot = tmp_path / "docs" / "side.md", tmp_path / "docs" / "side.png"
+    doc.parent.mkdir()
+    readme = tmp_path / "README.md"
+    readme.write_text("untouched\n")
+    monkeypatch.setattr(aiperf_report, "REPO", tmp_path)
+    assert aiperf_report.main(["--runs", "1", "--arms", "native-offload,continuum-offload-explicit,oracle",
+                               "--out-root", str(tmp_path / "runs"), "--doc", str(doc), "--plot", str(plot),
+                               "--readme", "", "--only-report"]) == 0
+    text = doc.read_text()
+    assert readme.read_text() == "untouched\n"
+    assert "| continuum-offload-explicit | 250.0 | - | - |" in text  # no fcfs in the run: no gap share
+    assert "--out-root=runs --doc=docs/side.md --plot=docs/side.png --readme=" in text
+    assert "![mean session JCT per arm and run](side.png)" in text and plot.exists()
+    assert "the plugin's connector as a victim tier (`store_mode: explicit`), with a host tier of 40 blocks" in text
