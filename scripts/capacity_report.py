@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -153,12 +154,13 @@ def arm_series(points: list[dict[str, Any]], arm: str) -> dict[float, dict[str, 
 def offload_verdict(ours: float | None, stock: float | None, oracle: float | None, rates: list[float],
                     oracle_rates: list[float] | None = None) -> str:
     """A plugin offload arm's capacity against stock + native offloading's
-    at one tier, and what bounds the ratio: when stock already sustains the
-    oracle's capacity (a pool that never evicts), no policy can serve more
-    on the sweep; when the oracle misses the SLO at a rate of
-    ``oracle_rates`` within 1.5x stock's, no policy can reach the bar; when
-    the next rate of the sweep is under 1.5x stock's, the sweep cannot show
-    the bar."""
+    at one tier, and what bounds the ratio, first that applies: the oracle
+    (a pool that never evicts) misses the SLO at a rate of ``oracle_rates``
+    within 1.5x stock's, so no policy can reach the bar; stock already
+    sustains the oracle's capacity on the sweep, so no policy serves more
+    there; the oracle sustains 1.5x stock's rate, so the bar is open and the
+    arm's own retention falls short; the sweep has no rate at 1.5x stock's,
+    so it cannot show the bar."""
     if ours is None or stock is None:
         return "not comparable (an arm sustains no rate of the sweep)"
     ratio = ours / stock
@@ -166,17 +168,21 @@ def offload_verdict(ours: float | None, stock: float | None, oracle: float | Non
                f"{'' if ratio >= 1 else ', and it serves fewer'} on this sweep's rates")
     if ratio >= 1.5:
         return verdict
-    if oracle is not None and stock >= oracle:
-        return (verdict + f"; stock + native offloading already sustains the oracle's {oracle:g}/min, "
-                "so no policy serves more here")
-    missed = [r for r in (oracle_rates or ()) if oracle is not None and oracle < r <= 1.5 * stock + 1e-9]
+    bar = 1.5 * stock
+    missed = [r for r in (oracle_rates or ()) if oracle is not None and oracle < r <= bar + 1e-9]
     if missed:
         return (verdict + f"; the oracle (a pool that never evicts) misses the SLO at {missed[0]:g}/min, within 1.5x "
                 f"stock + native offloading's {stock:g}/min: there the GPU's compute, not its KV, breaks the SLO, "
                 "so no retention or tier policy can reach the bar here")
-    above = [r for r in sorted(rates) if r > stock]
-    if above and above[0] < 1.5 * stock:
-        return verdict + f" (the sweep's next rate, {above[0]:g}/min, is under 1.5x stock's {stock:g}/min)"
+    if oracle is not None and stock >= oracle:
+        return (verdict + f"; stock + native offloading already sustains the oracle's {oracle:g}/min, "
+                "so no policy serves more on this sweep")
+    if oracle is not None and oracle >= bar - 1e-9:
+        return (verdict + f"; the oracle (a pool that never evicts) sustains {oracle:g}/min, at least 1.5x stock + "
+                f"native offloading's {stock:g}/min, so the GPU's compute leaves room for the bar: this arm keeps "
+                "too little of what the sessions reuse to reach it")
+    if not any(r >= bar - 1e-9 for r in rates):
+        return verdict + f" (the sweep has no rate at 1.5x stock's {stock:g}/min)"
     return verdict
 
 
@@ -261,7 +267,8 @@ def profile_section(
                      + f" | {'none' if cap is None else f'{cap:g}'} | {flight} | {tok} | {vs} |")
     lines += ["", "`vs stock`: an offload arm's capacity over `native-offload` at the same tier, the others' "
               "over `fcfs`. `none`: not even the lowest rate is sustained. `-`: not run at that rate (the finer "
-              "rates run for the offload arms and the oracle, where the offload arms' capacities differ).", ""]
+              "rates and 1.5x stock + native offloading's capacity run for the offload arms and the oracle only).",
+              ""]
     lines += ["What breaks first: at the lowest rate each arm does not sustain, its sessions missing each half of "
               f"the SLO (p90 TTFT > {slo.ttft_p90_s:g} s; JCT > {slo.jct_factor:g}x alone; a session may miss both), "
               "and the rate's mean TTFT, queueing and JCT:", "",
@@ -379,7 +386,8 @@ def readme_body(capacities: dict[str, dict[str, float | None]], slo: Slo, doc: s
     return lines
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--step-model", default="roofline", choices=["roofline", "aiconfigurator"])
     ap.add_argument("--profiles", default="h100-llama8b,h100-llama70b-tp4",
@@ -407,7 +415,7 @@ def main() -> int:
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "capacity.png"))
     ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"),
                     help="README whose capacity-report block gets the summary ('' : none)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     slo = Slo(args.ttft_slo, args.jct_slo, args.attainment)
     profiles = [p for p in args.profiles.split(",") if p]
     tiers = [t for t in args.tiers.split(",") if t]
@@ -419,7 +427,8 @@ def main() -> int:
     lines = [
         "# Capacity: agent sessions per GPU at an SLO",
         "",
-        "Written by `python scripts/capacity_report.py` from the simulator's results.json files (none of the",
+        f"Written by `{' '.join(['python scripts/capacity_report.py', *map(shlex.quote, argv)])}` from the "
+        "simulator's results.json files (none of the",
         f"figures is copied by hand). Step model: `{args.step_model}` (docs/step_models.md); virtual seconds on",
         "the simulated GPU; every arm of a rate ran on the same arrivals (seed 7); the simulator ran on "
         f"{platform.machine()} / CPU, which changes no figure.",
