@@ -18,6 +18,12 @@ already under ``--out-root``; ``--resume`` runs in each run directory only
 the arms its ``results.json`` lacks (or that failed there), keeping the
 others (the replay refuses a directory of another workload). The page names
 the commits its arms ran and pools each arm over the runs it has.
+
+The default ``--out-root`` is ``docs/aiperf_runs``: its ``.gitignore`` keeps
+each run's ``results.json`` (all the page reads) and drops the rest (AIPerf's
+exports, server logs), so the runs travel with the repository and the page
+can be rendered again on another machine. (docs/aiperf.md's five runs predate
+this: they lived under the old default, ``results/``, and are not in git.)
 """
 
 from __future__ import annotations
@@ -249,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="replays to run (default: %(default)s)")
     parser.add_argument("--arms", default=DEFAULT_ARMS, help="arms of every run (default: %(default)s)")
-    parser.add_argument("--out-root", type=Path, default=REPO / "results" / "aiperf_report",
+    parser.add_argument("--out-root", type=Path, default=REPO / "docs" / "aiperf_runs",
                         help="run directories go here as run1, run2, ... (default: %(default)s)")
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "aiperf.md", help="page to write")
     parser.add_argument("--plot", type=Path, default=REPO / "docs" / "aiperf.png", help="plot to write")
