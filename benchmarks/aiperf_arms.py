@@ -19,7 +19,10 @@ live:
   offloading under the stock / Continuum scheduler;
 * ``continuum-offload-explicit`` -- Continuum with the plugin's connector as
   a victim tier (``store_mode: explicit``: only what leaves a pin or a SLOW
-  turn is stored), with the same host tier as the native arms.
+  turn is stored), with the same host tier as the native arms;
+* ``continuum-offload-victim`` / ``offload-victim`` -- the plugin's connector
+  storing what the GPU prefix cache evicts (``store_mode: victim``), under
+  the Continuum / stock scheduler, with the same host tier.
 
 AIPerf sends a session id only as a header (``--session-header``), so the
 plugin's own ``job_id`` body field cannot be replayed per session; the
@@ -79,6 +82,8 @@ def _named() -> dict[str, LiveArm]:
     arms["native-offload"] = LiveArm("native-offload", "fcfs", native_offload=True)
     arms["continuum-native-offload"] = LiveArm("continuum-native-offload", "continuum", native_offload=True)
     arms["continuum-offload-explicit"] = LiveArm("continuum-offload-explicit", "continuum", plugin_offload="explicit")
+    arms["continuum-offload-victim"] = LiveArm("continuum-offload-victim", "continuum", plugin_offload="victim")
+    arms["offload-victim"] = LiveArm("offload-victim", "fcfs", plugin_offload="victim")
     for p in POLICIES:
         arms[f"{p}-claude-header"] = LiveArm(f"{p}-claude-header", p, session_header=CLAUDE_CODE_HEADER)
         arms[f"{p}-no-header"] = LiveArm(f"{p}-no-header", p, session_header=None)

@@ -48,6 +48,12 @@ What is stored (``store_mode``):
   :meth:`ContinuumOffloadConnector.save_blocks` / :meth:`save_request`
   (e.g. a Continuum pin released under pressure or by its TTL); the copy runs
   before the next forward pass, so the caller may free the blocks at once.
+* ``victim``: ``explicit``, and every prefix-cached block vLLM's GPU pool
+  evicts to make room (``eviction_tap``), copied before the step's forward
+  pass overwrites it; blocks of a job that ended are not. The host tier then
+  holds what the GPU no longer does: GPU and host together keep up to their
+  sum in distinct blocks, where write-through keeps the larger of the two.
+  Works under the stock scheduler too.
 
 ``save_blocks`` works in every mode (in ``eager`` mode it mostly refreshes
 LRU positions, since the blocks are already stored).
@@ -296,7 +302,7 @@ class ContinuumOffloadConnector(KVConnectorBase_V1):
     # ==================================================================
     def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
         if self._sched is not None:
-            self._sched.block_pool = gpu_block_pool
+            self._sched.bind_block_pool(gpu_block_pool)
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int

@@ -50,6 +50,8 @@ COUNTERS: dict[str, str] = {
     "evicted_blocks": "Blocks evicted from the CPU store to stay within its budget.",
     "load_hit_tokens": "Prompt tokens served by reloading from the CPU store instead of recomputing.",
     "dropped_store_blocks": "Blocks not stored because the store had no unpinned room.",
+    "victim_blocks": "Blocks the GPU prefix cache evicted, queued for storing (store_mode victim).",
+    "skipped_dead_blocks": "GPU evictions not stored because their job had ended (store_mode victim).",
 }
 GAUGES: dict[str, str] = {
     "store_used_bytes": "Bytes held by the CPU store (per worker).",

@@ -20,6 +20,7 @@ from .offload_metadata import (
     _block_bytes_estimate,
     _block_key,
 )
+from .eviction_tap import EvictionTap
 from .offload_metrics import ContinuumOffloadStats
 from .offload_settings import (
     _EWMA_ALPHA,
@@ -79,6 +80,14 @@ class _SchedulerSide:
                 self.block_bytes,
             )
         self.block_pool: Any = None
+        # ``victim`` mode: the GPU prefix cache's evictions (``bind_block_pool``)
+        # and the blocks of ended jobs, which are not worth a copy
+        # (block id -> key; an entry goes when its block is evicted).
+        self.eviction_tap: EvictionTap | None = None
+        self.dead_blocks: dict[int, bytes] = {}
+        # Holds of blocks handed over while the GPU still has them (key ->
+        # deadline): applied when the tap stores the block.
+        self.deferred_holds: dict[bytes, float] = {}
         self.requests: dict[str, Any] = {}
         self.stored_upto: dict[str, int] = {}
         self.last_match: dict[str, tuple[int, int]] = {}
@@ -105,6 +114,29 @@ class _SchedulerSide:
 
     def _now(self) -> float:
         return self.clock.monotonic()
+
+    def bind_block_pool(self, block_pool: Any) -> None:
+        """The scheduler's GPU block pool; in ``victim`` mode its evictions
+        are stored from now on (``_on_gpu_eviction``)."""
+        self.block_pool = block_pool
+        if self.mode == "victim" and self.spec.enabled and self.eviction_tap is None:
+            self.eviction_tap = EvictionTap(block_pool, self._on_gpu_eviction)
+
+    def _on_gpu_eviction(self, block: Any) -> None:
+        """``victim`` mode: a cached block is about to be overwritten. Queue it
+        as a pre-store (copied before this step's forward pass writes it)
+        unless the store has it or it belonged to an ended job."""
+        key = _block_key(block.block_hash)
+        if self.dead_blocks.pop(block.block_id, None) == key:
+            self.stats.inc("skipped_dead_blocks")
+            return
+        until = self.deferred_holds.pop(key, None)
+        if key in self.index:
+            return
+        self.stats.inc("victim_blocks")
+        self.pending_pre_stores.append((key, block.block_id))
+        if until is not None and until > self._now():
+            self.pending_holds[key] = until
 
     # --- keys -------------------------------------------------------------
     def keys_of(self, request: Any) -> Sequence[bytes]:
@@ -281,7 +313,7 @@ class _SchedulerSide:
         self.requests.pop(req_id, None)
         self.last_match.pop(req_id, None)
         done = self.stored_upto.pop(req_id, 0)
-        if not self.spec.enabled or self.mode == "explicit":
+        if not self.spec.enabled or self.mode in ("explicit", "victim"):
             return False
         keys = self.keys_of(request)
         upto = min(request.num_computed_tokens // self.block_size, len(keys), len(block_ids))
@@ -329,6 +361,13 @@ class _SchedulerSide:
                 if hold:
                     index.hold(key, until)
                 continue
+            if self.eviction_tap is not None:
+                # Victim mode: the GPU still has the block, and the tap
+                # stores it when (if) the GPU evicts it; only the hold is
+                # remembered until then.
+                if hold:
+                    self.deferred_holds[key] = until
+                continue
             self.pending_pre_stores.append((key, block.block_id))
             if hold:
                 self.pending_holds[key] = until
@@ -344,7 +383,7 @@ class _SchedulerSide:
         block = max(1, self.block_bytes)
         job_room = int(settings.max_job_held_fraction * capacity) // block - len(job_held)
         total_room = (int(settings.max_held_fraction * capacity) - self.index.held_bytes) // block
-        return max(0, min(job_room, total_room - len(self.pending_holds)))
+        return max(0, min(job_room, total_room - len(self.pending_holds) - len(self.deferred_holds)))
 
     def save_request(self, request: Any, hold_job: str | None = None) -> int:
         blocks = self._request_blocks(request)
@@ -369,6 +408,7 @@ class _SchedulerSide:
         # recently used; demoted head first, the tail ends first in line.
         for key in (reversed(hold[1]) if demote else hold[1]):
             self.pending_holds.pop(key, None)
+            self.deferred_holds.pop(key, None)
             if demote:
                 n += index.demote(key)
             else:
@@ -391,7 +431,8 @@ class _SchedulerSide:
             return
         self._next_hold_sweep = now + 1.0
         for job_id in [j for j, (until, _) in self.job_holds.items() if until <= now]:
-            del self.job_holds[job_id]
+            for key in self.job_holds.pop(job_id)[1]:
+                self.deferred_holds.pop(key, None)
         self.index.expire_holds(now)
 
     def demote_blocks(self, blocks: Iterable[Any]) -> int:
@@ -405,7 +446,13 @@ class _SchedulerSide:
     def demote_request(self, request: Any) -> int:
         # Blocks other requests still use (a shared system prompt) keep
         # their place: only this request's own context is done with.
-        return self.demote_blocks(b for b in self._request_blocks(request) if b.ref_cnt <= 1)
+        own = [b for b in self._request_blocks(request) if b.ref_cnt <= 1]
+        if self.eviction_tap is not None:
+            # Its GPU copies go first out of the prefix cache: not stored.
+            for block in own:
+                if block.block_hash is not None:
+                    self.dead_blocks[block.block_id] = _block_key(block.block_hash)
+        return self.demote_blocks(own)
 
     def has_pending_work(self) -> bool:
         return bool(
@@ -420,6 +467,8 @@ class _SchedulerSide:
         self.stored_upto.clear()
         self.job_holds.clear()
         self.pending_holds.clear()
+        self.deferred_holds.clear()
+        self.dead_blocks.clear()
         self.clear_pending = True
         logger.info("ContinuumOffloadConnector: store reset (%d blocks dropped)", n)
 

@@ -20,7 +20,7 @@ __all__ = [
     "SideSpec",
 ]
 
-STORE_MODES = ("eager", "finish", "explicit")
+STORE_MODES = ("eager", "finish", "explicit", "victim")
 STORE_BACKENDS = ("cpu",)
 DEFAULT_CPU_BYTES = 4 * 2**30
 DEFAULT_HOLD_SECONDS = 300.0

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from scripts.sim_report import replace_readme_block  # noqa: E402
 DEFAULT_ARMS = "fcfs,continuum,context_serve,continuum-paper,oracle,continuum-no-header"
 # README.md's block this script owns (the summary of the page it writes).
 README_BEGIN = "<!-- aiperf-report: written by scripts/aiperf_report.py -->"
@@ -188,14 +190,14 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str, plot_na
     return "\n".join(lines)
 
 
-def readme_block(results: list[dict[str, Any]], arms: list[str]) -> str:
-    """The README's summary: mean JCT over the runs and the pooled gap share."""
+def readme_block(results: list[dict[str, Any]], arms: list[str]) -> list[str]:
+    """The README's summary (the lines between its markers): mean JCT over
+    the runs and the pooled gap share."""
     first = results[0]
     by_run = [{a["policy"]: a for a in r["arms"] if "error" not in a} for r in results]
     means = {arm: [mean_jct(run[arm]) if arm in run else None for run in by_run]
              for arm in [*arms, "fcfs", "oracle"]}
     lines = [
-        README_BEGIN,
         f"Live replay by NVIDIA AIPerf {first['aiperf_version']} of {len(first['sessions'])} real Claude Code "
         f"sessions ({sum(s['turns'] for s in first['sessions'])} requests, `--session-header` as AIPerf sends it, "
         f"prompts rebuilt from the traces' hash blocks), {first['cpu']}, {first['dtype']}, "
@@ -212,17 +214,12 @@ def readme_block(results: list[dict[str, Any]], arms: list[str]) -> str:
         _, g = pooled_share(means, arm)
         share = f"{g:+.0%}" if g is not None else "-"
         lines.append(f"| {arm} | {len(values)} | {sum(values) / len(values):.1f} s | {share} |")
-    lines.append(README_END)
-    return "\n".join(lines)
+    return lines
 
 
-def update_readme(path: Path, block: str) -> None:
-    text = path.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"{path} has no {README_BEGIN!r} ... {README_END!r} block to write")
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    path.write_text(head + block + tail)
+def update_readme(path: Path, body: list[str]) -> None:
+    """Write ``body`` into the README's aiperf-report block."""
+    replace_readme_block(str(path), README_BEGIN, README_END, body)
 
 
 def plot(results: list[dict[str, Any]], arms: list[str], path: Path) -> None:

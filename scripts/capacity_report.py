@@ -71,6 +71,10 @@ OFFLOAD_ARMS = ("native-offload", "continuum-native-offload", "continuum-offload
 # The plugin's connector as a victim tier (``store_mode: explicit``): its own
 # runs, so the sweeps above are reused as they are.
 VICTIM_ARM = "continuum-offload-explicit"
+# The connector storing what the GPU prefix cache evicts (``store_mode:
+# victim``), under Continuum and under the stock scheduler: their own runs
+# too, for the same reason.
+EVICTED_ARMS = ("continuum-offload-victim", "offload-victim")
 CAPS = ("fcfs-cap8", "fcfs-cap12", "fcfs-cap16")
 # Sessions a minute at which the oracle serves each session about as it
 # would alone (they barely overlap): the JCT SLO's reference.
@@ -221,7 +225,7 @@ def profile_section(
     Returns the lines, the attainment per arm and rate, and the capacities."""
     series: dict[str, dict[float, dict[str, Any]]] = {a: arm_series(pts, a) for a in BASE_ARMS}
     for t, tp in per_tier.items():
-        for a in (*OFFLOAD_ARMS, VICTIM_ARM):
+        for a in (*OFFLOAD_ARMS, VICTIM_ARM, *EVICTED_ARMS):
             series[f"{a} ({t} GiB)"] = arm_series(tp, a)
     # Plain admission at its best cap, per rate.
     best_cap: dict[float, dict[str, Any]] = {}
@@ -235,7 +239,8 @@ def profile_section(
     tiers = list(per_tier)
     order = ["fcfs", *[f"native-offload ({t} GiB)" for t in tiers], *(["fcfs-cap (best)"] if best_cap else []),
              "continuum",
-             *[f"{a} ({t} GiB)" for t in tiers for a in ("continuum-native-offload", "continuum-offload", VICTIM_ARM)
+             *[f"{a} ({t} GiB)" for t in tiers
+               for a in ("continuum-native-offload", "continuum-offload", VICTIM_ARM, *EVICTED_ARMS)
                if series[f"{a} ({t} GiB)"]],
              "oracle"]
     shares = {arm: {r: attainment(p, solo, slo) for r, p in series[arm].items()} for arm in order}
@@ -285,6 +290,45 @@ def profile_section(
                      f"{p['queue_mean_s']:.2f} | {p['jct_mean_s']:.1f} |")
     lines.append("")
     return lines, shares, caps_by_arm
+
+
+SLOW_CAUSES = (("recomputed", "recomputed"), ("queued", "queued"), ("new_prompt", "new prompt"))
+
+
+def slow_turns_section(prof: str, tier: str, rate: float, points: list[dict[str, Any]], slo: Slo) -> list[str]:
+    """At the bar's rate: each arm's turns slower than the TTFT bound, by
+    cause (the simulator's ``slow_turns``), and what each arm has beyond the
+    oracle's: lost contexts (``recomputed``) are what retention and a tier
+    can win back; ``queued`` turns waited for room that the oracle's pool
+    (which never fills) always has. Points without the breakdown (older
+    runs) are left out."""
+    rows = [p for p in points if p.get("slow_turns")]
+    if not rows:
+        return []
+    label = {p["arm"]: p["arm"] if p["arm"] == "oracle" else f"{p['arm']} ({tier} GiB)" for p in rows}
+    lines = [f"### Why turns are slow at the bar's rate: {prof}, {tier} GiB, {rate:g} sessions/min", "",
+             f"Turns whose TTFT exceeds {slo.ttft_p90_s:g} s, by what made each slow (first that applies): "
+             "`recomputed`, it rebuilt at least 4,096 tokens its session had had in KV (retention lost them); "
+             "`queued`, it spent at least half its TTFT waiting to be scheduled (room in the GPU pool, a place in "
+             "the batch, an asynchronous load); `new prompt`, the prefill of tokens no pool could have kept "
+             "(a first turn, a long tool result).", "",
+             "| arm | turns > bound | " + " | ".join(name for _, name in SLOW_CAUSES) + " |",
+             "|---|---:|" + "---:|" * len(SLOW_CAUSES)]
+    for p in rows:
+        c = p["slow_turns"]
+        lines.append(f"| {label[p['arm']]} | {c['slow']} | " + " | ".join(str(c[k]) for k, _ in SLOW_CAUSES) + " |")
+    oracle = next((p["slow_turns"] for p in rows if p["arm"] == "oracle"), None)
+    if oracle is not None:
+        lines.append("")
+        for p in rows:
+            if p["arm"] == "oracle":
+                continue
+            c = p["slow_turns"]
+            lines.append(f"- `{label[p['arm']]}`: {c['slow'] - oracle['slow']:+d} slow turns over the oracle's; "
+                         f"{c['recomputed'] - oracle['recomputed']:+d} recomputed, "
+                         f"{c['queued'] - oracle['queued']:+d} queued.")
+    lines.append("")
+    return lines
 
 
 # Where a returning turn's TTFT goes under vLLM's native offloading: the arms
@@ -473,10 +517,14 @@ def main(argv: list[str] | None = None) -> int:
         for t in tiers:
             tier = ["--offload-gib", t]
             per_tier[t] = [*point(f"{prof}-offload-{t}g", [*sweep, "--policies", ",".join(OFFLOAD_ARMS), *tier]),
-                           *point(f"{prof}-offload-{t}g-victim", [*sweep, "--policies", VICTIM_ARM, *tier])]
+                           *point(f"{prof}-offload-{t}g-victim", [*sweep, "--policies", VICTIM_ARM, *tier]),
+                           *point(f"{prof}-offload-{t}g-evicted", [*sweep, "--policies", ",".join(EVICTED_ARMS),
+                                                                   *tier])]
             if t in fine:
                 per_tier[t] += point(f"{prof}-offload-{t}g-fine", [
                     *base, "--sweep-rate", fine[t], "--policies", ",".join((*OFFLOAD_ARMS, VICTIM_ARM)), *tier])
+                per_tier[t] += point(f"{prof}-offload-{t}g-fine-evicted", [
+                    *base, "--sweep-rate", fine[t], "--policies", ",".join(EVICTED_ARMS), *tier])
         section, shares, caps_by_arm = profile_section(prof, solo, pts, caps, cap_arms, per_tier, slo)
         # The bar itself: where no rate of the sweep is 1.5x stock + native
         # offloading's capacity at a tier, the offload arms and the oracle
@@ -490,12 +538,18 @@ def main(argv: list[str] | None = None) -> int:
             got = point(f"{prof}-offload-{t}g-bar", [*base, "--rate", f"{bar:g}", "--policies",
                                                      ",".join((*OFFLOAD_ARMS, VICTIM_ARM, "oracle")),
                                                      "--offload-gib", t])
+            got += point(f"{prof}-offload-{t}g-bar-evicted", [*base, "--rate", f"{bar:g}", "--policies",
+                                                             ",".join(EVICTED_ARMS), "--offload-gib", t])
             per_tier[t] += [p for p in got if p["arm"] != "oracle"]
             pts = pts + [p for p in got if p["arm"] == "oracle"]
             tier_rates[t].append(bar)
         if bars:
             section, shares, caps_by_arm = profile_section(prof, solo, pts, caps, cap_arms, per_tier, slo)
         lines += section
+        for t, bar in bars.items():
+            at_bar = [p for p in per_tier[t] if abs(p["rate_per_min"] - bar) < 1e-9]
+            oracle_at_bar = arm_series(pts, "oracle").get(bar)
+            lines += slow_turns_section(prof, t, bar, [*at_bar, *([oracle_at_bar] if oracle_at_bar else [])], slo)
         ttft_rate = float(args.ttft_rate) if args.ttft_rate else DEFAULT_TTFT_RATE.get(prof, 0.0)
         if ttft_rate > 0:
             # Its own runs (the sweep's results predate the records of load waits); same arrivals.
@@ -511,7 +565,9 @@ def main(argv: list[str] | None = None) -> int:
         for t in tiers:
             stock = caps_by_arm.get(f"native-offload ({t} GiB)")
             for arm, who in (("continuum-native-offload", "the plugin + native offloading"),
-                             (VICTIM_ARM, "the plugin + its connector as a victim tier")):
+                             (VICTIM_ARM, "the plugin + its connector storing what leaves a pin"),
+                             ("continuum-offload-victim", "the plugin + its connector storing what the GPU evicts"),
+                             ("offload-victim", "stock vLLM + the plugin's connector storing what the GPU evicts")):
                 verdict = offload_verdict(caps_by_arm.get(f"{arm} ({t} GiB)"), stock, caps_by_arm.get("oracle"),
                                           sorted(tier_rates[t]), oracle_rates)
                 summary.append(f"  - {who} against stock + native offloading at {t} GiB: {verdict}.")

@@ -329,22 +329,26 @@ def test_native_offload_arms_run_vllms_offloading_connector_with_a_tier_of_the_w
     assert "--kv-offloading-size" not in ar.server_args(args, fcfs, plan)
 
 
-def test_the_victim_tier_arm_runs_the_plugins_connector_in_explicit_mode_with_the_same_tier():
-    """``continuum-offload-explicit``: Continuum over the plugin's connector
-    as a victim tier, its store as large as the native arms' host tier."""
+@pytest.mark.parametrize("name,policy,mode", [("continuum-offload-explicit", "continuum", "explicit"),
+                                               ("continuum-offload-victim", "continuum", "victim"),
+                                               ("offload-victim", "fcfs", "victim")])
+def test_the_plugin_connector_arms_run_its_store_mode_with_the_same_tier(name, policy, mode):
+    """The plugin's connector arms: the scheduler and ``store_mode`` their
+    name says, the store as large as the native arms' host tier."""
     import json
 
     from vllm_continuum_plugin.benchmarks.aiperf_arms import parse_live_arms
 
-    (victim,) = parse_live_arms("continuum-offload-explicit")
-    assert victim.policy == "continuum" and victim.host_tier and not victim.native_offload
+    (victim,) = parse_live_arms(name)
+    assert victim.policy == policy and victim.host_tier and not victim.native_offload
     args = ar.build_parser().parse_args(["--dtype", "float32", "--host-tier", "0.5"])
     plan = ar.Plan([], [], num_blocks=100, max_model_len=1024, oracle_blocks=900)
     argv = ar.server_args(args, victim, plan)
     assert "--kv-offloading-size" not in argv
+    assert argv[argv.index("--scheduling-policy") + 1] == policy
     config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert config["kv_connector"] == "ContinuumOffloadConnector"
-    assert config["kv_connector_extra_config"]["store_mode"] == "explicit"
+    assert config["kv_connector_extra_config"]["store_mode"] == mode
     assert config["kv_connector_extra_config"]["cpu_bytes"] == 450 * 32 * 2 * 30 * 3 * 64 * 4
 
 

@@ -209,3 +209,31 @@ def test_the_readme_summary_gives_each_arms_capacity_against_its_stock_reference
     text = readme.read_text()
     assert text.startswith(f"intro\n{cr.README_BEGIN}\nSimulated") and text.endswith(f"{cr.README_END}\nafter\n")
     assert "old" not in text
+
+
+def test_slow_turns_are_split_by_cause_once_each():
+    """A slow turn is counted under the first cause that applies: lost
+    context first, then waiting to be scheduled, then new prefill; a turn
+    within the bound or never answered is not counted."""
+    from types import SimpleNamespace as T
+
+    from benchmarks.sim.report import slow_turn_causes
+
+    turns = [T(first_token_s=9.0, ttft_s=3.0, recomputed_tokens=5000, queueing_s=2.9),  # recomputed wins
+             T(first_token_s=9.0, ttft_s=3.0, recomputed_tokens=100, queueing_s=1.5),  # queued half its TTFT
+             T(first_token_s=9.0, ttft_s=3.0, recomputed_tokens=0, queueing_s=0.2),  # a long new prefill
+             T(first_token_s=9.0, ttft_s=2.0, recomputed_tokens=9000, queueing_s=2.0),  # within the bound
+             T(first_token_s=None, ttft_s=0.0, recomputed_tokens=0, queueing_s=0.0)]  # never answered
+    assert slow_turn_causes(turns) == {"slow": 3, "recomputed": 1, "queued": 1, "new_prompt": 1}
+
+
+def test_the_slow_turn_section_compares_each_arm_with_the_oracle():
+    slo = cr.Slo(2.0, 1.3, 0.9)
+    pts = [{"arm": "offload-victim", "slow_turns": {"slow": 71, "recomputed": 20, "queued": 35, "new_prompt": 16}},
+           {"arm": "native-offload"},  # an older run without the breakdown: left out
+           {"arm": "oracle", "slow_turns": {"slow": 28, "recomputed": 0, "queued": 10, "new_prompt": 18}}]
+    text = "\n".join(cr.slow_turns_section("h100-llama8b", "64", 0.525, pts, slo))
+    assert "| offload-victim (64 GiB) | 71 | 20 | 35 | 16 |" in text
+    assert "| oracle | 28 | 0 | 10 | 18 |" in text and "native-offload" not in text
+    assert "- `offload-victim (64 GiB)`: +43 slow turns over the oracle's; +20 recomputed, +25 queued." in text
+    assert cr.slow_turns_section("h100-llama8b", "64", 0.525, pts[1:2], slo) == []

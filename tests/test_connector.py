@@ -469,6 +469,7 @@ def _assert_nothing_leaked(llm) -> None:
     assert not side.requests and not side.stored_upto and not side.last_match
     assert not side.pending_loads and not side.pinned_for_load
     assert not side.job_holds and not side.pending_holds and conn.index.held_bytes == 0
+    assert not side.deferred_holds
     assert not conn.has_pending_push_work()
     worker = _worker_connector()._worker
     assert not worker._expected_sends and not worker._done_sends
@@ -580,3 +581,27 @@ def test_explicit_mode_saves_blocks_the_scheduler_frees(env):
         _assert_nothing_leaked(llm)
     finally:
         sched._free_request_blocks = free_request_blocks
+
+
+def test_victim_mode_stores_what_the_gpu_evicts_and_reloads_it_exactly(env):
+    """``store_mode="victim"``: nothing is copied while the GPU pool holds a
+    prompt's blocks; when other traffic makes the pool evict them, each is
+    copied before its memory is reused, and the prompt then reloads from
+    the host: the same greedy tokens and logprobs as computed cold."""
+    llm = _Engines.get("tiny-victim", lambda: _tiny_llm("victim"))
+    conn = _sched(llm).connector
+    prompt = _random_prompts(1, 170, seed=21)[0]
+    params = _greedy(8, 3)
+    first = _tokens_and_logprobs(llm.generate([_ids(prompt)], params, use_tqdm=False)[0])
+    assert conn.totals().get("stored_blocks", 0) == 0  # the GPU still has it: no copy
+    # 24 GPU blocks of 32 tokens: four 200-token prompts evict the first.
+    for flood in _random_prompts(4, 200, seed=22):
+        llm.generate([_ids(flood)], _greedy(2, None), use_tqdm=False)
+    totals = _assert_store_consistent(llm)
+    assert totals["victim_blocks"] >= (170 + 8 - 1) // 32 and totals["stored_blocks"] == totals["victim_blocks"]
+    before = totals.get("load_hit_tokens", 0)
+    again = _tokens_and_logprobs(llm.generate([_ids(prompt)], params, use_tqdm=False)[0])
+    assert conn.totals()["load_hit_tokens"] - before == (170 - 1) // 32 * 32
+    assert again[0] == first[0] and max(abs(a - b) for a, b in zip(first[1], again[1])) == 0.0
+    llm.llm_engine.step()
+    _assert_nothing_leaked(llm)

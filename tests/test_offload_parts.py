@@ -485,3 +485,90 @@ def test_stats_payload_aggregates_and_exports():
 
 class _FakeConfig:
     kv_transfer_config = None
+
+
+# --- victim mode: the GPU prefix cache's evictions ---------------------------
+def _cached_pool(num_blocks: int, names: list[str]):
+    """A real vLLM ``BlockPool`` whose blocks 1..len(names) hold the cached
+    prefix ``names`` (then freed: eviction candidates, head first)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.block_pool import BlockPool
+
+    pool = BlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=16)
+    blocks = pool.get_new_blocks(len(names))
+    request = SimpleNamespace(request_id="r", block_hashes=[n.encode().ljust(8, b"-") for n in names])
+    pool.cache_full_blocks(request, blocks, 0, len(names), 16, 0)
+    pool.free_blocks(blocks)
+    return pool, blocks
+
+
+def test_the_eviction_tap_sees_what_an_allocation_evicts_before_its_hash_goes():
+    from vllm_continuum_plugin.connectors.eviction_tap import EvictionTap
+
+    pool, cached = _cached_pool(8, ["a", "b", "c"])
+    seen: list[tuple[int, bytes]] = []
+    tap = EvictionTap(pool, lambda block: seen.append((block.block_id, bytes(block.block_hash))))
+    with pytest.raises(RuntimeError, match="already has an eviction tap"):
+        EvictionTap(pool, seen.append)
+    got = pool.get_new_blocks(5)  # four never-used blocks first, then cached "a"
+    assert [b for b, _ in seen] == [cached[0].block_id]
+    assert seen[0][1].startswith(b"a-------") and got[-1].block_hash is None
+    # An eviction outside an allocation (a failed load's blocks: invalid
+    # content) is not offered for storing.
+    pool.evict_blocks({cached[1].block_id})
+    assert len(seen) == 1 and tap.reported == 1
+    tap.remove()
+    tap.remove()  # idempotent
+    pool.free_blocks(got)
+    pool.get_new_blocks(pool.get_num_free_blocks())  # evicts "c": nobody listens now
+    assert len(seen) == 1
+
+
+def test_victim_mode_stores_what_the_gpu_evicts_but_not_an_ended_jobs_blocks():
+    """``store_mode: victim``: each cached block the GPU pool evicts is queued
+    as a pre-store (copied before the step's forward writes the block); one
+    the store already has is not copied again; the blocks of a job that
+    ended are skipped; eager planning and finish-time stores stay off."""
+    from types import SimpleNamespace
+
+    pool, cached = _cached_pool(8, ["a", "b", "c"])
+    spec = kv_offload.SideSpec(kv_offload.OffloadSettings(store_mode="victim"), 16, 100)
+    ended = SimpleNamespace(request_id="ended")
+    side = kv_offload._SchedulerSide(spec, None, None, lambda: _Manager({"ended": [cached[2]]}))
+    side.bind_block_pool(pool)
+    side.index.put(b"b-------", None, nbytes=1)  # already stored
+    cached[2].ref_cnt = 1
+    side.demote_request(ended)  # "c"'s job ended
+    cached[2].ref_cnt = 0
+    pool.get_new_blocks(7)  # every block: evicts a, b, c
+    meta = side.build_connector_meta(SimpleNamespace(num_scheduled_tokens={}))
+    assert meta.pre_stores == [(b"a-------", cached[0].block_id)]
+    assert b"a-------" in side.index and b"c-------" not in side.index
+    assert side.stats.counter("victim_blocks") == 1 and side.stats.counter("skipped_dead_blocks") == 1
+    assert not side.dead_blocks  # the skipped entry went with its block
+    assert side.request_finished(SimpleNamespace(request_id="r"), [1]) is False
+    side.eviction_tap.remove()
+
+
+def test_victim_mode_holds_a_handed_over_block_when_the_gpu_evicts_it():
+    """A pin released while the GPU still has its blocks: victim mode copies
+    nothing then (the GPU has them), remembers the job's hold, and applies
+    it when the tap stores the block. The job's next turn ends the hold
+    before any copy: then the block is stored, if ever, as plain LRU."""
+    from types import SimpleNamespace
+
+    pool, cached = _cached_pool(8, ["a", "b"])
+    spec = kv_offload.SideSpec(kv_offload.OffloadSettings(store_mode="victim"), 16, 100)
+    side = kv_offload._SchedulerSide(spec, None, None, lambda: None)
+    side.bind_block_pool(pool)
+    assert side.save_blocks(cached[:1], hold_job="job-a") == 0  # nothing copied yet
+    assert side.save_blocks(cached[1:], hold_job="job-b") == 0
+    assert not side.pending_pre_stores and len(side.deferred_holds) == 2
+    side.end_hold("job-b", demote=False)  # job-b's next turn came first
+    assert list(side.deferred_holds) == [b"a-------"]
+    pool.get_new_blocks(7)
+    side.build_connector_meta(SimpleNamespace(num_scheduled_tokens={}))
+    assert side.index.is_held(b"a-------") and not side.index.is_held(b"b-------")
+    assert not side.deferred_holds
+    side.eviction_tap.remove()

@@ -157,8 +157,8 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     jobs = pressured_jobs()
     model = RooflineStepModel(PROFILE)
     by_arm = {}
-    for arm in parse_arms("fcfs,continuum,context_serve,continuum-offload,continuum-offload-explicit,native-offload,"
-                          "continuum-native-offload,oracle"):
+    for arm in parse_arms("fcfs,continuum,context_serve,continuum-offload,continuum-offload-explicit,"
+                          "continuum-offload-victim,offload-victim,native-offload,continuum-native-offload,oracle"):
         first, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))  # asserts all blocks free
         again, _ = simulate.run_arm(arm, jobs, settings(model_dir, model, 1000))
         assert first == again, arm.name
@@ -182,6 +182,18 @@ def test_retention_arms_are_deterministic_and_free_every_block(model_dir: str) -
     assert 0 < victim.stored_tokens < offload.stored_tokens
     assert victim.loaded_tokens > 0
     assert victim.recomputed_tokens < by_arm["continuum"].recomputed_tokens
+    # Storing what the GPU prefix cache evicts (store_mode victim): what
+    # stock FCFS lets go is reloaded rather than recomputed, and never with
+    # more copies than write-through (whose tier also copies what the GPU
+    # keeps; this pool holds a third of the contexts, so nearly all leave).
+    evicted = by_arm["offload-victim"]
+    assert evicted.pins_created == 0 and evicted.loaded_tokens > 0
+    assert evicted.recomputed_tokens < by_arm["fcfs"].recomputed_tokens
+    assert 0 < evicted.stored_tokens <= by_arm["native-offload"].stored_tokens
+    plugin_evicted = by_arm["continuum-offload-victim"]
+    assert plugin_evicted.pins_created > 0 and plugin_evicted.loaded_tokens > 0
+    assert plugin_evicted.recomputed_tokens < by_arm["continuum"].recomputed_tokens
+    assert plugin_evicted.stored_tokens < offload.stored_tokens
     # vLLM's own offloading (its real OffloadingConnectorScheduler and LRU
     # CPU manager): every computed block is stored write-through, and what
     # FCFS evicted is loaded back instead of recomputed.

@@ -33,7 +33,9 @@ class OffloadBackend(Protocol):
 
     def save_blocks(self, blocks: Iterable[Any], hold_job: str | None = None) -> int:
         """Store these blocks before they are freed; ``hold_job``: keep them
-        for that job's next turn. Returns how many were scheduled."""
+        for that job's next turn. Returns how many were scheduled (a victim
+        tier schedules none: it copies a block when the GPU evicts it, and
+        applies the hold then)."""
 
     def save_request(self, request: Any, hold_job: str | None = None) -> int:
         """``save_blocks`` for a finished request's own full blocks."""

@@ -18,6 +18,11 @@ An :class:`Arm` names a scheduling policy and how the KV pool is sized:
   (``store_mode: explicit``): only what leaves a pin or a SLOW turn is
   stored, so the host tier holds what the GPU pool no longer does instead of
   a copy of it;
+* ``continuum-offload-victim`` -- the same connector as an exclusive victim
+  tier (``store_mode: victim``): what leaves a pin, and every cached block
+  the GPU prefix cache evicts, copied before it is overwritten; GPU and host
+  together then keep up to their sum in distinct blocks;
+* ``offload-victim`` -- that victim tier under vLLM's stock scheduler;
 * ``native-offload`` -- vLLM's stock scheduler with vLLM's own CPU
   offloading, as ``--kv-offloading-size`` configures it (``OffloadingConnector``
   over the stock ``CPUOffloadingSpec``: write-through stores of every
@@ -95,6 +100,8 @@ ARMS: dict[str, Arm] = {
     "continuum-paper": Arm("continuum-paper", "continuum", continuum=(("admission", False), ("ttl_policy", "cdf"))),
     "continuum-offload": Arm("continuum-offload", "continuum", offload="plugin"),
     "continuum-offload-explicit": Arm("continuum-offload-explicit", "continuum", offload="plugin", store_mode="explicit"),
+    "continuum-offload-victim": Arm("continuum-offload-victim", "continuum", offload="plugin", store_mode="victim"),
+    "offload-victim": Arm("offload-victim", "fcfs", offload="plugin", store_mode="victim"),
     "native-offload": Arm("native-offload", "fcfs", offload="native"),
     "continuum-native-offload": Arm("continuum-native-offload", "continuum", offload="native"),
     "oracle": Arm("oracle", "fcfs", unbounded_pool=True),

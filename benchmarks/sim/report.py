@@ -10,13 +10,21 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..stats import format_table, gap_closed, percentile
 from .engine import RunRecords
 
-__all__ = ["ArmSummary", "summarize_run", "summary_table", "speed_line", "add_gap_closed", "plot_sweep"]
+__all__ = ["ArmSummary", "SLOW_TTFT_S", "slow_turn_causes", "summarize_run", "summary_table", "speed_line",
+           "add_gap_closed", "plot_sweep"]
+
+# A turn slower than this to its first token is "slow" (the capacity SLO's
+# TTFT bound, docs/capacity.md); ``slow_turn_causes`` says why each was.
+SLOW_TTFT_S = 2.0
+# Recomputing fewer tokens than this is not what made a turn slow (well
+# under 0.1 s of prefill on the profiles' GPUs).
+_RECOMPUTE_CAUSE_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,9 @@ class ArmSummary:
     # {"job", "arrival_s", "jct_s", "turns", "ttft_p90_s", "ttft_max_s", "tokens"}
     # (tokens: prompt + output of its turns).
     sessions: tuple[dict[str, Any], ...] = ()
+    # Turns slower than SLOW_TTFT_S to their first token, by cause
+    # (``slow_turn_causes``).
+    slow_turns: dict[str, int] = field(default_factory=dict)
 
     def line(self) -> str:
         gap = "" if self.gap_closed is None else f" gap_closed={self.gap_closed:+.1%}"
@@ -113,7 +124,30 @@ def summarize_run(arm: str, records: RunRecords) -> ArmSummary:
         steps=records.steps,
         loaded_tokens=records.loaded_tokens,
         stored_tokens=records.stored_tokens,
+        slow_turns=slow_turn_causes(turns),
     )
+
+
+def slow_turn_causes(turns: Sequence[Any], bound_s: float = SLOW_TTFT_S) -> dict[str, int]:
+    """The turns slower than ``bound_s`` to their first token, by what made
+    them slow, first that applies: ``recomputed`` (it rebuilt at least
+    4,096 tokens its job had had in KV: lost retention), ``queued`` (at
+    least half its TTFT before its first step: waiting for room in the pool,
+    a place in the batch or an asynchronous load), ``new_prompt`` (the
+    prefill of tokens no pool could have kept: a first turn, a long tool
+    result). Every slow turn is counted once; ``slow`` is their number."""
+    out = {"slow": 0, "recomputed": 0, "queued": 0, "new_prompt": 0}
+    for t in turns:
+        if t.first_token_s is None or t.ttft_s <= bound_s:
+            continue
+        out["slow"] += 1
+        if t.recomputed_tokens >= _RECOMPUTE_CAUSE_TOKENS:
+            out["recomputed"] += 1
+        elif t.queueing_s >= t.ttft_s / 2:
+            out["queued"] += 1
+        else:
+            out["new_prompt"] += 1
+    return out
 
 
 def job_figures(records: RunRecords) -> tuple[dict[str, Any], ...]:
