@@ -170,6 +170,12 @@ class _SchedulerSide:
     def stored_prefix_tokens(self, request: Any, start_tokens: int = 0) -> int:
         keys = self.keys_of(request)
         start = start_tokens // self.block_size
+        if self.eviction_tap is not None:
+            # A victim tier: every full block of a context that was just
+            # computed either stays on the GPU or is copied when the GPU
+            # evicts it, so a rebuild reloads it -- as much as the store holds.
+            room = self.index.capacity_bytes // max(1, self.block_bytes)
+            return max(0, min(len(keys) - start, room)) * self.block_size
         n = 0
         for i in range(start, len(keys)):
             if keys[i] not in self.index:

@@ -121,8 +121,9 @@ def host_tier_note(results: list[dict[str, Any]]) -> list[str]:
             if blocks:
                 share = r["config"].get("host_tier")
                 return [f"The `*native-offload` arms run vLLM's own CPU offloading (its `OffloadingConnector`), "
-                        "`continuum-offload-explicit` the plugin's connector as a victim tier (`store_mode: "
-                        f"explicit`), with a host tier of {blocks} blocks"
+                        "`continuum-offload-explicit` the plugin's connector storing what leaves a pin (`store_mode: "
+                        "explicit`), `*offload-victim` the same connector storing what the GPU evicts (`store_mode: "
+                        f"victim`), with a host tier of {blocks} blocks"
                         + (f" ({share:g} x the sessions' peak working set)" if share else "")
                         + ": pool and tier together keep less than the sessions need."]
     return []

@@ -528,4 +528,5 @@ def test_a_page_of_its_own_leaves_the_readme_and_names_where_it_went(tmp_path, m
     assert "| continuum-offload-explicit | 250.0 | - | - |" in text  # no fcfs in the run: no gap share
     assert "--out-root=runs --doc=docs/side.md --plot=docs/side.png --readme=" in text
     assert "![mean session JCT per arm and run](side.png)" in text and plot.exists()
-    assert "the plugin's connector as a victim tier (`store_mode: explicit`), with a host tier of 40 blocks" in text
+    assert "the plugin's connector storing what leaves a pin (`store_mode: explicit`)" in text
+    assert "storing what the GPU evicts (`store_mode: victim`), with a host tier of 40 blocks" in text

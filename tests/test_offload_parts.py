@@ -572,3 +572,24 @@ def test_victim_mode_holds_a_handed_over_block_when_the_gpu_evicts_it():
     assert side.index.is_held(b"a-------") and not side.index.is_held(b"b-------")
     assert not side.deferred_holds
     side.eviction_tap.remove()
+
+
+def test_a_victim_tier_prices_the_whole_context_as_a_reload_up_to_its_size():
+    """Victim mode copies what the GPU evicts, so a context just computed
+    rebuilds by a reload even though the store does not hold it yet (the
+    TTL rule must not price it as a prefill); never more than the store
+    can hold. Other modes count only what the store holds."""
+    from types import SimpleNamespace
+
+    pool, _ = _cached_pool(8, ["a"])
+    request = SimpleNamespace(block_hashes=[f"k{i}".encode().ljust(8, b"-") for i in range(10)])
+    victim = kv_offload._SchedulerSide(
+        kv_offload.SideSpec(kv_offload.OffloadSettings(store_mode="victim"), 16, 6), None, None, lambda: None)
+    victim.bind_block_pool(pool)
+    assert victim.stored_prefix_tokens(request) == 6 * 16  # a 6-block store
+    assert victim.stored_prefix_tokens(request, start_tokens=8 * 16) == 2 * 16
+    explicit = kv_offload._SchedulerSide(
+        kv_offload.SideSpec(kv_offload.OffloadSettings(store_mode="explicit"), 16, 6), None, None, lambda: None)
+    explicit.index.put(request.block_hashes[0], None, nbytes=1)
+    assert explicit.stored_prefix_tokens(request) == 16
+    victim.eviction_tap.remove()

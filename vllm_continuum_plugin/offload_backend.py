@@ -47,7 +47,9 @@ class OffloadBackend(Protocol):
         """A finished job's blocks go first when the store needs room."""
 
     def stored_prefix_tokens(self, request: Any, start_tokens: int = 0) -> int:
-        """Tokens of the request's prefix the store holds."""
+        """Tokens of the request's prefix a rebuild would reload: what the
+        store holds (a victim tier: every full block, up to its capacity,
+        since what the GPU evicts is copied)."""
 
     def reload_seconds_per_token(self) -> float | None:
         """Measured reload cost, or None before any reload was timed."""
