@@ -94,6 +94,13 @@ class _SchedulerSide:
         self.pending_loads: list[LoadJob] = []
         self.pinned_for_load: list[bytes] = []
         self.pending_pre_stores: list[tuple[bytes, int]] = []
+        # Keys of the GPU's victims queued in this step (``victim`` mode):
+        # copied out before this step's loads run (the worker's
+        # ``before_forward`` precedes ``load``), so a lookup in the same
+        # step may load them. Without this, a request waiting for room
+        # misses the block the step just evicted from its own context and
+        # recomputes everything behind it.
+        self.pending_victims: set[bytes] = set()
         self.pending_final_stores: list[tuple[bytes, int]] = []
         self.pending_finished: list[str] = []
         self.clear_pending = False
@@ -131,12 +138,22 @@ class _SchedulerSide:
             self.stats.inc("skipped_dead_blocks")
             return
         until = self.deferred_holds.pop(key, None)
+        if until is not None and until > self._now():
+            self.pending_holds[key] = until
         if key in self.index:
+            # Stored before (a reloaded context): the copy is now the only
+            # one, so it becomes the store's most recently used, like a fresh
+            # victim. Untouched, it would keep the age of its last load and
+            # the store's LRU would drop it before the context's newer tail
+            # (evicted and stored after it): a hole that wastes every block
+            # behind it, since a load matches a prefix only. The GPU evicts
+            # a freed context tail first, so touching in eviction order
+            # leaves the head most recent.
+            self.index.touch(key)
             return
         self.stats.inc("victim_blocks")
         self.pending_pre_stores.append((key, block.block_id))
-        if until is not None and until > self._now():
-            self.pending_holds[key] = until
+        self.pending_victims.add(key)
 
     # --- keys -------------------------------------------------------------
     def keys_of(self, request: Any) -> Sequence[bytes]:
@@ -157,8 +174,9 @@ class _SchedulerSide:
         limit = min(len(keys), (request.num_tokens - 1) // self.block_size)
         n = 0
         index = self.index
+        queued = self.pending_victims
         for i in range(start, limit):
-            if keys[i] not in index:
+            if keys[i] not in index and keys[i] not in queued:
                 break
             n += 1
         if n < self.settings.min_load_blocks:
@@ -215,6 +233,7 @@ class _SchedulerSide:
         queued: set[bytes] = set()
 
         pre, self.pending_pre_stores = self.pending_pre_stores, []
+        self.pending_victims.clear()
         for key, block_id in pre:
             self._admit(key, block_id, meta, meta.pre_stores, queued)
         finals, self.pending_final_stores = self.pending_final_stores, []

@@ -593,3 +593,45 @@ def test_a_victim_tier_prices_the_whole_context_as_a_reload_up_to_its_size():
     explicit.index.put(request.block_hashes[0], None, nbytes=1)
     assert explicit.stored_prefix_tokens(request) == 16
     victim.eviction_tap.remove()
+
+
+def test_victim_mode_loads_a_block_evicted_in_the_same_step_and_refreshes_a_stored_one():
+    """A turn that waits for room while the step's allocations evict its own
+    context: the block evicted in this step is still matched (its pre-store
+    is copied out before the step's loads), not recomputed with everything
+    behind it. A block the store already had becomes the store's most
+    recently used when the GPU evicts it again, so the store's LRU does not
+    drop a context's head before its newer tail (a hole: a load matches a
+    prefix only)."""
+    from types import SimpleNamespace
+
+    pool, cached = _cached_pool(8, ["a", "b", "c"])
+    spec = kv_offload.SideSpec(kv_offload.OffloadSettings(store_mode="victim"), 16, 100)
+    side = kv_offload._SchedulerSide(spec, None, None, lambda: None)
+    side.bind_block_pool(pool)
+    old = b"old-----"
+    side.index.put(b"b-------", None, nbytes=1)  # stored earlier (a reloaded context)
+    side.index.put(old, None, nbytes=1)  # stored after it
+    assert side.index.keys_lru()[:2] == [b"b-------", old]
+    got = pool.get_new_blocks(6)  # four never-used blocks, then evicts "a" and "b"
+    assert side.index.keys_lru()[:2] == [old, b"b-------"]  # "b" refreshed, not copied again
+    assert b"a-------" not in side.index  # queued: copied out by this step's metadata
+    request = SimpleNamespace(request_id="next-turn", num_tokens=4 * 16 + 1,
+                              block_hashes=[b"a-------", b"b-------", b"c-------", b"d-------"])
+    # "c" is still on the GPU (not stored), so the match stops there.
+    assert side.get_num_new_matched_tokens(request, 0) == 2 * 16
+    # Loaded into the very blocks the step just evicted: the worker copies
+    # the pre-stores out before it copies the loads in.
+    dest = got[-2:]
+    side.update_state_after_alloc(request, SimpleNamespace(get_block_ids=lambda: [[b.block_id for b in dest]]), 32)
+    meta = side.build_connector_meta(SimpleNamespace(num_scheduled_tokens={}))
+    assert meta.pre_stores == [(b"a-------", cached[0].block_id)]
+    assert [(job.keys, job.block_ids) for job in meta.loads] == [
+        ([b"a-------", b"b-------"], [b.block_id for b in dest])]
+    assert b"a-------" in side.index and not side.pending_victims
+    assert side.index.pinned_bytes == 0  # nothing stays pinned past the step's planning
+    # A later step no longer counts it as queued: only the store answers.
+    side.index.discard(b"a-------")
+    assert side.get_num_new_matched_tokens(request, 0) == 0
+    pool.free_blocks(got)
+    side.eviction_tap.remove()
