@@ -248,9 +248,14 @@ class CPUStore:
 
     def expire_holds(self, now: float | None = None) -> int:
         """End the holds whose deadline passed; those entries go to the LRU
-        end (first victims). Returns how many ended."""
+        end (first victims), in the order they were held: the first held
+        goes first. Callers hold a context's blocks tail first (what the
+        scheduler hands over, what the GPU evicts), so a lapsed context
+        leaves the store from its tail and what is left of it still matches
+        a prefix; the other order would drop its head first and leave a tail
+        no load can reach. Returns how many ended."""
         now = self._clock() if now is None else now
-        n = 0
+        lapsed: list[Hashable] = []
         holds = self._holds
         while holds and holds[0][0] <= now:
             t = heapq.heappop(holds)
@@ -258,9 +263,10 @@ class CPUStore:
                 continue
             key = t[2]
             self._end_hold(key, self._entries[key])
+            lapsed.append(key)
+        for key in reversed(lapsed):
             self._lru.move_to_end(key, last=False)
-            n += 1
-        return n
+        return len(lapsed)
 
     def put(self, key: Hashable, value: Any, nbytes: int | None = None) -> bool:
         """Insert ``key`` (evicting entries first when needed).

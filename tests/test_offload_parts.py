@@ -147,6 +147,26 @@ def test_a_hold_lapses_so_a_job_that_never_returns_cannot_keep_its_blocks():
     assert b"b" not in store
 
 
+def test_a_lapsed_context_leaves_the_store_from_its_tail():
+    """A context's blocks are held tail first (as the scheduler hands them
+    over and as the GPU evicts them). When the hold lapses they become the
+    first victims in that order, so what is left of the context is still a
+    prefix a load can match, not a tail behind a missing head."""
+    clock = _Clock()
+    store = CPUStore(400, clock=clock)
+    chain = [b"head", b"mid", b"tail"]
+    for key in reversed(chain):  # tail first
+        store.put(key, None, nbytes=100)
+        store.hold(key, clock.now + 30)
+    store.put(b"other", None, nbytes=100)
+    clock.now += 31
+    assert store.expire_holds() == 3
+    assert store.keys_lru() == [b"tail", b"mid", b"head", b"other"]
+    store.put(b"new-1", None, nbytes=100)
+    store.put(b"new-2", None, nbytes=100)  # two victims: the tail, then the middle
+    assert b"head" in store and b"mid" not in store and b"tail" not in store
+
+
 def test_store_accounting_stays_exact_with_pins_and_holds():
     rng = random.Random(11)
     clock = _Clock()
