@@ -322,6 +322,27 @@ def test_worker_copies_whole_blocks_in_any_layout(layout):
     assert stats.counter("stored_blocks") == 2 and stats.counter("loaded_blocks") == 2
 
 
+def test_worker_loads_blocks_the_same_step_copies_out():
+    """Victim mode may load, in one step, blocks that step's allocations
+    evicted (their pre-stores): the worker copies the pre-stores out before
+    it copies the loads in, even into the very blocks they came from."""
+    nb = 8
+    _, caches = next(iter(_layouts(nb)))
+    page = 2 * 32 * 16 * 2
+    worker = kv_offload._WorkerSide(_worker_spec(10 * 2 * (page + 16)), None, _FakeKVCacheConfig(nb, page, caches))
+    worker.register_kv_caches(caches)
+    views = {k: kv_offload.block_major_view(v, nb) for k, v in caches.items()}
+    original = {k: v.clone() for k, v in views.items()}
+    meta = kv_offload.ContinuumOffloadMetadata(
+        pre_stores=[(b"k3", 3), (b"k4", 4)], loads=[kv_offload.LoadJob("r", [b"k3", b"k4"], [4, 3])]
+    )
+    worker.before_forward(meta)
+    worker.load(meta)
+    for k, v in views.items():
+        assert torch.equal(v[4], original[k][3]) and torch.equal(v[3], original[k][4])
+    assert worker.take_load_errors() == set()
+
+
 class _Block:
     def __init__(self, name: str, block_id: int, ref_cnt: int = 1) -> None:
         self.block_hash = name.encode().ljust(8, b"-") + (0).to_bytes(4, "big")  # + group id
