@@ -93,14 +93,13 @@ class _SchedulerSide:
         self.last_match: dict[str, tuple[int, int]] = {}
         self.pending_loads: list[LoadJob] = []
         self.pinned_for_load: list[bytes] = []
-        self.pending_pre_stores: list[tuple[bytes, int]] = []
-        # Keys of the GPU's victims queued in this step (``victim`` mode):
-        # copied out before this step's loads run (the worker's
-        # ``before_forward`` precedes ``load``), so a lookup in the same
-        # step may load them. Without this, a request waiting for room
-        # misses the block the step just evicted from its own context and
-        # recomputes everything behind it.
-        self.pending_victims: set[bytes] = set()
+        # Blocks to copy out before this step's forward pass (key -> block
+        # id). They are copied before this step's loads too (the worker's
+        # ``before_forward`` precedes ``load``), so a lookup in the same step
+        # may load them: in ``victim`` mode a request waiting for room would
+        # otherwise miss the block the step just evicted from its own
+        # context and recompute everything behind it.
+        self.pending_pre_stores: dict[bytes, int] = {}
         self.pending_final_stores: list[tuple[bytes, int]] = []
         self.pending_finished: list[str] = []
         self.clear_pending = False
@@ -152,8 +151,7 @@ class _SchedulerSide:
             self.index.touch(key)
             return
         self.stats.inc("victim_blocks")
-        self.pending_pre_stores.append((key, block.block_id))
-        self.pending_victims.add(key)
+        self.pending_pre_stores[key] = block.block_id
 
     # --- keys -------------------------------------------------------------
     def keys_of(self, request: Any) -> Sequence[bytes]:
@@ -174,7 +172,7 @@ class _SchedulerSide:
         limit = min(len(keys), (request.num_tokens - 1) // self.block_size)
         n = 0
         index = self.index
-        queued = self.pending_victims
+        queued = self.pending_pre_stores
         for i in range(start, limit):
             if keys[i] not in index and keys[i] not in queued:
                 break
@@ -232,9 +230,8 @@ class _SchedulerSide:
         meta.loads, self.pending_loads = self.pending_loads, []
         queued: set[bytes] = set()
 
-        pre, self.pending_pre_stores = self.pending_pre_stores, []
-        self.pending_victims.clear()
-        for key, block_id in pre:
+        pre, self.pending_pre_stores = self.pending_pre_stores, {}
+        for key, block_id in pre.items():
             self._admit(key, block_id, meta, meta.pre_stores, queued)
         finals, self.pending_final_stores = self.pending_final_stores, []
         for key, block_id in finals:
@@ -393,7 +390,7 @@ class _SchedulerSide:
                 if hold:
                     self.deferred_holds[key] = until
                 continue
-            self.pending_pre_stores.append((key, block.block_id))
+            self.pending_pre_stores[key] = block.block_id
             if hold:
                 self.pending_holds[key] = until
             n += 1

@@ -137,6 +137,12 @@ def capacity(by_rate: dict[float, float | None], slo: Slo) -> float | None:
     return best
 
 
+def bar_rate(stock: float) -> float:
+    """The issue's bar: 1.5x stock + native offloading's capacity
+    (sessions/min), rounded so that it names one sweep rate."""
+    return round(1.5 * stock, 6)
+
+
 def reference_arm(arm: str) -> str:
     """What an arm's capacity is compared with: stock vLLM with native
     offloading at the same host tier for an offload arm, stock vLLM else."""
@@ -531,9 +537,9 @@ def main(argv: list[str] | None = None) -> int:
         # run at exactly that rate, so the page can say whether anything,
         # the oracle included, sustains it.
         tier_rates = {t: sorted({p["rate_per_min"] for p in tp}) for t, tp in per_tier.items()}
-        bars = {t: round(1.5 * stock, 6) for t in tiers
+        bars = {t: bar_rate(stock) for t in tiers
                 if (stock := caps_by_arm.get(f"native-offload ({t} GiB)")) is not None
-                and all(abs(r - 1.5 * stock) > 1e-9 for r in tier_rates[t])}
+                and all(abs(r - bar_rate(stock)) > 1e-9 for r in tier_rates[t])}
         for t, bar in bars.items():
             got = point(f"{prof}-offload-{t}g-bar", [*base, "--rate", f"{bar:g}", "--policies",
                                                      ",".join((*OFFLOAD_ARMS, VICTIM_ARM, "oracle")),
@@ -542,7 +548,6 @@ def main(argv: list[str] | None = None) -> int:
                                                              ",".join(EVICTED_ARMS), "--offload-gib", t])
             per_tier[t] += [p for p in got if p["arm"] != "oracle"]
             pts = pts + [p for p in got if p["arm"] == "oracle"]
-            tier_rates[t].append(bar)
         if bars:
             section, shares, caps_by_arm = profile_section(prof, solo, pts, caps, cap_arms, per_tier, slo)
         lines += section
@@ -553,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             stock = caps_by_arm.get(f"native-offload ({t} GiB)")
             if stock is None:
                 continue
-            bar = round(1.5 * stock, 6)
+            bar = bar_rate(stock)
             oracle_at_bar = next((p for r, p in arm_series(pts, "oracle").items() if abs(r - bar) < 1e-9), None)
             if oracle_at_bar is None or (attainment(oracle_at_bar, solo, slo) or 0.0) < slo.attainment:
                 continue

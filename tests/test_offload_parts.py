@@ -669,7 +669,7 @@ def test_victim_mode_loads_a_block_evicted_in_the_same_step_and_refreshes_a_stor
     assert meta.pre_stores == [(b"a-------", cached[0].block_id)]
     assert [(job.keys, job.block_ids) for job in meta.loads] == [
         ([b"a-------", b"b-------"], [b.block_id for b in dest])]
-    assert b"a-------" in side.index and not side.pending_victims
+    assert b"a-------" in side.index and not side.pending_pre_stores
     assert side.index.pinned_bytes == 0  # nothing stays pinned past the step's planning
     # A later step no longer counts it as queued: only the store answers.
     side.index.discard(b"a-------")
