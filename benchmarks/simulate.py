@@ -61,6 +61,7 @@ class SimSettings:
     offload_gib: float = 256.0  # host memory per GPU for the offload arms
     client: ClientProfile = TAGGED  # what the requests carry (sim.clients)
     tokenizer: str = ""  # the engine's tokenizer directory when replies are text
+    long_prefill_token_threshold: int = 0  # vLLM's own static chunk cut, every arm (0: none)
 
 
 def _shape(settings: SimSettings, num_blocks: int | None = None) -> EngineShape:
@@ -77,6 +78,7 @@ def _shape(settings: SimSettings, num_blocks: int | None = None) -> EngineShape:
         num_layers=p.model.num_layers,
         offload_bytes=int(settings.offload_gib * 2**30),
         tokenizer=settings.tokenizer if settings.client.needs_tokenizer else "",
+        long_prefill_token_threshold=settings.long_prefill_token_threshold,
     )
 
 
@@ -280,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (default: the profile's)")
     eng.add_argument("--offload-gib", type=float, default=256.0,
                      help="host memory per GPU for the offload arms' KV store, GiB (default 256)")
+    eng.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+                     help="vLLM's own --long-prefill-token-threshold for every arm: each prefill's chunk in every "
+                          "step cut to N tokens (default 0: vLLM's default, none; the plugin's arms cut only "
+                          "while a job's next turn waits, see cut_long_prefills)")
     p.add_argument("--policies", default="fcfs,continuum,oracle",
                    help=f"comma-separated arms, from: {', '.join(ARMS)} (default fcfs,continuum,oracle)")
     p.add_argument("--continuum-set", action="append", default=[], metavar="KEY=JSON",
@@ -369,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                     blocks = max(1, int(base_blocks * frac))
                     jobs = load_jobs(args, rate, profile, blocks, client, text)
                     settings = SimSettings(profile, step_model, model_dir, blocks, args.offload_gib, client,
-                                           tokenizer)
+                                           tokenizer, args.long_prefill_token_threshold)
                     # (The tagged default keeps the header it always had.)
                     note = "" if args.client == "tagged" else f" client={client.name}"
                     print(f"# profile={profile.name} step_model={step_model.name} jobs={len(jobs)} "

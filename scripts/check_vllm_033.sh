@@ -77,6 +77,9 @@ TESTS=(
   tests/test_parser.py
   tests/test_native_calls.py
 )
+# The per-step prefill cut sets vLLM's long_prefill_token_threshold around
+# its schedule(): checked against this vLLM's loop too.
+TESTS+=(tests/test_prefill_chunks.py)
 # The offload connector's engine-free tests (the CPU store, the worker's
 # block copies, the offload scheduler side, settings, stats) import
 # connectors/ against this vLLM. Its engine tests (tests/test_connector.py)

@@ -109,6 +109,11 @@ class ContinuumConfig:
     # not as its context last seen: sessions grow after admission, and a
     # gate that counts them as last seen admits jobs that will not fit.
     admission_forecast: bool = True
+    # While a later turn of a job under way heads the waiting queue, cut each
+    # running prefill in that step to a share of the token budget (vLLM's
+    # long_prefill_token_threshold, for that step only), so the turn is not
+    # held behind another session's long prefill (prefill_chunks).
+    cut_long_prefills: bool = True
     # Samples kept per tool key (and globally) for the CDF. Capped at 2**16:
     # each new sample is an O(n) insert and each decision an O(n) pass on
     # the scheduler thread.

@@ -110,6 +110,9 @@ class EngineMetrics:
         # Conversations started under a session id that already had one
         # (sub-agents, side requests, branches, another client's requests).
         self.conversations_started = 0
+        # Steps whose long prefills were cut so that a job's next turn ran
+        # in them (prefill_chunks).
+        self.prefill_cuts = 0
         self.retention = dict.fromkeys(RETENTION_OUTCOMES, 0)
         # Blocks that directives' low priorities sent to the front of the
         # free queue.
@@ -191,6 +194,11 @@ class EngineMetrics:
             self.context_mismatches += 1
             self._dirty = True
 
+    def on_prefill_cut(self) -> None:
+        with self._lock:
+            self.prefill_cuts += 1
+            self._dirty = True
+
     def on_new_conversation(self) -> None:
         with self._lock:
             self.conversations_started += 1
@@ -239,6 +247,7 @@ class EngineMetrics:
                 "admission_held": self.admission_held,
                 "context_mismatches": self.context_mismatches,
                 "conversations_started": self.conversations_started,
+                "prefill_cuts": self.prefill_cuts,
                 "retention": dict(self.retention),
                 "retention_evicted_first_blocks": self.retention_evicted_first_blocks,
             }
@@ -423,6 +432,12 @@ class SnapshotCollector:
             "Conversations started under a session id that already had one (sub-agents, side requests, branches).",
             labels=labels,
         )
+        cuts = CounterMetricFamily(
+            PREFIX + "prefill_cuts",
+            "Steps whose long prefills were cut to a share of the token budget so that a job's next turn, "
+            "waiting, ran in them.",
+            labels=labels,
+        )
         retention = CounterMetricFamily(
             PREFIX + "retention_directives",
             "Requests with retention directives by outcome: accepted (reached the scheduler), honoured (a "
@@ -444,6 +459,7 @@ class SnapshotCollector:
             evicted_first.add_metric(values, snap.get("retention_evicted_first_blocks", 0))
             mismatches.add_metric(values, snap.get("context_mismatches", 0))
             conversations.add_metric(values, snap.get("conversations_started", 0))
+            cuts.add_metric(values, snap.get("prefill_cuts", 0))
             held.add_metric(values, snap.get("admission_held", 0))
             pinned.add_metric(values, snap["pinned_blocks"])
             jobs.add_metric(values, snap["pinned_jobs"])
@@ -475,6 +491,7 @@ class SnapshotCollector:
             pinned, jobs, created, released, hits, trimmed, ttl, tool, decisions, error, fast, ended, implicit, held,
             mismatches,
             conversations,
+            cuts,
             retention,
             evicted_first,
         ]

@@ -29,9 +29,11 @@ block manager and kernels untouched:
   ``running`` so that vLLM's "preempt running[-1]" picks the latest-arriving
   job not on its last step, takes the new jobs' first turns that the
   :class:`~.admission.AdmissionGate` holds out of the waiting queue for the
-  step (and puts them back after it), and hands pins over to next turns
-  that were admitted in the step (their blocks are now referenced by the
-  new request).
+  step (and puts them back after it), cuts long prefills for the step
+  while a job's next turn heads the waiting queue
+  (:class:`~.prefill_chunks.PrefillChunks`), and hands pins over to next
+  turns that were admitted in the step (their blocks are now referenced by
+  the new request).
 * ``kv_cache_manager.allocate_slots`` (wrapped on the instance by
   :class:`~.soft_pins.SoftPins`, only in steps where an allocation could
   fail) -- **soft pins**: when an allocation would fail, pins are released
@@ -106,6 +108,7 @@ from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
 from .soft_pins import SoftPins
 from .policies import PLUGIN_POLICIES
+from .prefill_chunks import PrefillChunks
 from .reply_reader import ReplyReader, stop_token_ids
 from .tier_capacity import TierCapacity, tier_capacity
 from .turn_facts import TurnReader
@@ -136,6 +139,7 @@ class ContinuumSchedulerMixin:
     structured_output_manager: Any
     vllm_config: Any
     block_size: int
+    max_num_scheduled_tokens: int
 
     def __init__(self, vllm_config: Any, *args: Any, clock: Clock = SYSTEM_CLOCK, **kwargs: Any) -> None:
         self.clock = clock
@@ -249,6 +253,11 @@ class ContinuumSchedulerMixin:
             self.gate_tier, self.connector, has_waiting_turn=lambda job_id: bool(self._waiting_turns.of(job_id)),
         ) if self.pinning_enabled else None
         self.admission: AdmissionGate | None = self.gate_feed.gate if self.gate_feed is not None else None
+        # A job's next turn does not wait behind another's long prefill.
+        self.prefill_chunks: PrefillChunks | None = PrefillChunks(
+            self.scheduler_config, self.max_num_scheduled_tokens, self.block_size, self._is_next_turn,
+            on_cut=self.continuum_metrics.on_prefill_cut,
+        ) if cfg.cut_long_prefills else None
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
             "max_pinned_blocks=%d implicit_jobs=%s admission=%s decider=%s", self.continuum_policy,
@@ -279,6 +288,21 @@ class ContinuumSchedulerMixin:
     def _has_waiting_turn(self, job_id: str) -> bool:
         """A waiting request continues the job's pin (keep it past its deadline)."""
         return any(self._continues_pin(r) for r in self._waiting_turns.of(job_id))
+
+    def _is_next_turn(self, request: Request) -> bool:
+        """Is ``request`` a later turn of a job under way (a turn that
+        returns to a context, not a session's first)?"""
+        job_id = request_meta(request).job_id
+        job = self.jobs.get(job_id) if job_id is not None else None
+        return job is not None and job.turns_finished > 0
+
+    def _waiting_head(self) -> Request | None:
+        """The request vLLM's waiting loop looks at first (those holding
+        KV blocks are drained first), or None when nothing waits."""
+        for queue in (self.kv_holding_waiting, self.waiting):
+            if queue:
+                return queue.peek_request()
+        return None
 
     def _reprioritize_job(self, job_id: str) -> None:
         # Only a request with its job's credit can change tier.
@@ -368,9 +392,14 @@ class ContinuumSchedulerMixin:
         gate = self.admission
         if gate is not None:
             gate.hold_back(self.waiting, bool(self.running), self.clock.time())
+        chunks = self.prefill_chunks
+        if chunks is not None:
+            chunks.apply(self._waiting_head(), self.running)
         try:
             output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
+            if chunks is not None:
+                chunks.restore()
             if gate is not None:
                 self.continuum_metrics.on_admission(gate.restore(self.waiting))
         if output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids:

@@ -144,6 +144,8 @@ class EngineShape:
     head_size: int = 128
     num_layers: int = 32
     offload_bytes: int = 256 * 2**30  # host memory per GPU for the offload arms
+    # vLLM's --long-prefill-token-threshold (0: vLLM's default, no cut).
+    long_prefill_token_threshold: int = 0
     # A tokenizer directory the engine loads (replies are text the plugin
     # reads); "" -- none (``skip_tokenizer_init``: replies are never read).
     tokenizer: str = ""
@@ -171,6 +173,7 @@ def build_scheduler(
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
         policy=arm.policy,
+        long_prefill_token_threshold=shape.long_prefill_token_threshold,
         # One full-attention group; the offload connector requires it said.
         disable_hybrid_kv_cache_manager=True,
     )
