@@ -76,6 +76,22 @@ VICTIM_ARM = "continuum-offload-explicit"
 # too, for the same reason.
 EVICTED_ARMS = ("continuum-offload-victim", "offload-victim")
 CAPS = ("fcfs-cap8", "fcfs-cap12", "fcfs-cap16")
+# vLLM's own static chunk cut (``--long-prefill-token-threshold``, every
+# prefill in every step) under the stock scheduler, with native offloading
+# and for the oracle: what the flag alone gives, beside the plugin's cut for
+# the steps in which a job's next turn waits (``cut_long_prefills``). Half
+# the H100 profiles' 8,192-token budget: the plugin's share with one long
+# prefill running. Run at these host tiers (GiB).
+STATIC_CUT_TOKENS = 4096
+STATIC_CUT_TIERS = ("64",)
+
+
+def static_cut(arm: str) -> str:
+    """The name of ``arm`` run with vLLM's static chunk cut."""
+    return f"{arm}-cut{STATIC_CUT_TOKENS}"
+
+
+STATIC_CUT_ARMS = ("native-offload", "oracle")
 # Sessions a minute at which the oracle serves each session about as it
 # would alone (they barely overlap): the JCT SLO's reference.
 SOLO_RATE = 0.02
@@ -151,6 +167,12 @@ def reference_arm(arm: str) -> str:
     return "fcfs"
 
 
+def relabel_static_cut(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points run with vLLM's static chunk cut, their arms renamed
+    (``static_cut``) so they stand beside the same arms without it."""
+    return [{**p, "arm": static_cut(p["arm"])} for p in points]
+
+
 def solo_jcts(points: list[dict[str, Any]]) -> dict[str, tuple[float, int]]:
     """Job -> (JCT alone, tokens) from the oracle at ``SOLO_RATE``."""
     oracle = next(p for p in points if p["arm"] == "oracle")
@@ -162,7 +184,8 @@ def arm_series(points: list[dict[str, Any]], arm: str) -> dict[float, dict[str, 
 
 
 def offload_verdict(ours: float | None, stock: float | None, oracle: float | None, rates: list[float],
-                    oracle_rates: list[float] | None = None) -> str:
+                    oracle_rates: list[float] | None = None,
+                    oracle_name: str = "the oracle (a pool that never evicts)") -> str:
     """A plugin offload arm's capacity against stock + native offloading's
     at one tier, and what bounds the ratio, first that applies: the oracle
     (a pool that never evicts) misses the SLO at a rate of ``oracle_rates``
@@ -170,7 +193,9 @@ def offload_verdict(ours: float | None, stock: float | None, oracle: float | Non
     sustains the oracle's capacity on the sweep, so no policy serves more
     there; the oracle sustains 1.5x stock's rate, so the bar is open and the
     arm's own retention falls short; the sweep has no rate at 1.5x stock's,
-    so it cannot show the bar."""
+    so it cannot show the bar. ``oracle_name`` names the oracle in the text
+    (the report passes the better of the oracle with and without vLLM's
+    static chunk cut)."""
     if ours is None or stock is None:
         return "not comparable (an arm sustains no rate of the sweep)"
     ratio = ours / stock
@@ -181,14 +206,14 @@ def offload_verdict(ours: float | None, stock: float | None, oracle: float | Non
     bar = 1.5 * stock
     missed = [r for r in (oracle_rates or ()) if oracle is not None and oracle < r <= bar + 1e-9]
     if missed:
-        return (verdict + f"; the oracle (a pool that never evicts) misses the SLO at {missed[0]:g}/min, within 1.5x "
+        return (verdict + f"; {oracle_name} misses the SLO at {missed[0]:g}/min, within 1.5x "
                 f"stock + native offloading's {stock:g}/min: there the GPU's compute, not its KV, breaks the SLO, "
                 "so no retention or tier policy can reach the bar here")
     if oracle is not None and stock >= oracle:
         return (verdict + f"; stock + native offloading already sustains the oracle's {oracle:g}/min, "
                 "so no policy serves more on this sweep")
     if oracle is not None and oracle >= bar - 1e-9:
-        return (verdict + f"; the oracle (a pool that never evicts) sustains {oracle:g}/min, at least 1.5x stock + "
+        return (verdict + f"; {oracle_name} sustains {oracle:g}/min, at least 1.5x stock + "
                 f"native offloading's {stock:g}/min, so the GPU's compute leaves room for the bar: this arm keeps "
                 "too little of what the sessions reuse to reach it")
     if not any(r >= bar - 1e-9 for r in rates):
@@ -229,9 +254,10 @@ def profile_section(
     """One GPU profile's table: every arm's SLO attainment per rate and its
     capacity (sessions/min, in flight, tokens per GPU-second, against stock).
     Returns the lines, the attainment per arm and rate, and the capacities."""
-    series: dict[str, dict[float, dict[str, Any]]] = {a: arm_series(pts, a) for a in BASE_ARMS}
+    series: dict[str, dict[float, dict[str, Any]]] = {a: arm_series(pts, a)
+                                                      for a in (*BASE_ARMS, static_cut("oracle"))}
     for t, tp in per_tier.items():
-        for a in (*OFFLOAD_ARMS, VICTIM_ARM, *EVICTED_ARMS):
+        for a in (*OFFLOAD_ARMS, static_cut("native-offload"), VICTIM_ARM, *EVICTED_ARMS):
             series[f"{a} ({t} GiB)"] = arm_series(tp, a)
     # Plain admission at its best cap, per rate.
     best_cap: dict[float, dict[str, Any]] = {}
@@ -243,12 +269,15 @@ def profile_section(
     if best_cap:
         series["fcfs-cap (best)"] = best_cap
     tiers = list(per_tier)
-    order = ["fcfs", *[f"native-offload ({t} GiB)" for t in tiers], *(["fcfs-cap (best)"] if best_cap else []),
+    order = ["fcfs", *[f"native-offload ({t} GiB)" for t in tiers],
+             *[f"{static_cut('native-offload')} ({t} GiB)" for t in tiers
+               if series[f"{static_cut('native-offload')} ({t} GiB)"]],
+             *(["fcfs-cap (best)"] if best_cap else []),
              "continuum",
              *[f"{a} ({t} GiB)" for t in tiers
                for a in ("continuum-native-offload", "continuum-offload", VICTIM_ARM, *EVICTED_ARMS)
                if series[f"{a} ({t} GiB)"]],
-             "oracle"]
+             "oracle", *([static_cut("oracle")] if series[static_cut("oracle")] else [])]
     shares = {arm: {r: attainment(p, solo, slo) for r, p in series[arm].items()} for arm in order}
     all_rates = sorted({r for arm in order for r in series[arm]})
     gpus = GPUS.get(prof, 1)
@@ -503,6 +532,12 @@ def main(argv: list[str] | None = None) -> int:
         "fall between two rates of the sweep, and at 1.5x stock + native offloading's capacity at each tier (the",
         "issue's bar), so the page says whether anything, the oracle included, sustains that rate.",
         "",
+        f"Chunked prefill: `{static_cut('native-offload')}` and `{static_cut('oracle')}` run the stock scheduler with "
+        f"vLLM's own `--long-prefill-token-threshold {STATIC_CUT_TOKENS}` (every prefill's chunk cut to "
+        f"{STATIC_CUT_TOKENS:,} tokens in every step; at the {', '.join(STATIC_CUT_TIERS)} GiB tier), every other arm",
+        "vLLM's default (no cut). The plugin's arms cut long prefills only in the steps in which a job's next",
+        "turn waits behind them (`cut_long_prefills`, on by default; docs/scheduling.md).",
+        "",
     ]
     plots: list[tuple[str, dict[str, dict[float, float | None]]]] = []
     capacities: dict[str, dict[str, float | None]] = {}
@@ -531,6 +566,14 @@ def main(argv: list[str] | None = None) -> int:
                     *base, "--sweep-rate", fine[t], "--policies", ",".join((*OFFLOAD_ARMS, VICTIM_ARM)), *tier])
                 per_tier[t] += point(f"{prof}-offload-{t}g-fine-evicted", [
                     *base, "--sweep-rate", fine[t], "--policies", ",".join(EVICTED_ARMS), *tier])
+            if t in STATIC_CUT_TIERS:
+                cut_rates = ",".join(f"{r:g}" for r in sorted(
+                    {float(r) for r in [*rates.split(","), *(fine[t].split(",") if t in fine else [])]}))
+                got = relabel_static_cut(point(f"{prof}-static-cut-{t}g", [
+                    *base, "--sweep-rate", cut_rates, "--policies", ",".join(STATIC_CUT_ARMS), *tier,
+                    "--long-prefill-token-threshold", str(STATIC_CUT_TOKENS)]))
+                per_tier[t] += [p for p in got if p["arm"] != static_cut("oracle")]
+                pts = pts + [p for p in got if p["arm"] == static_cut("oracle")]
         section, shares, caps_by_arm = profile_section(prof, solo, pts, caps, cap_arms, per_tier, slo)
         # The bar itself: where no rate of the sweep is 1.5x stock + native
         # offloading's capacity at a tier, the offload arms and the oracle
@@ -546,8 +589,13 @@ def main(argv: list[str] | None = None) -> int:
                                                      "--offload-gib", t])
             got += point(f"{prof}-offload-{t}g-bar-evicted", [*base, "--rate", f"{bar:g}", "--policies",
                                                              ",".join(EVICTED_ARMS), "--offload-gib", t])
-            per_tier[t] += [p for p in got if p["arm"] != "oracle"]
-            pts = pts + [p for p in got if p["arm"] == "oracle"]
+            if t in STATIC_CUT_TIERS:
+                got += relabel_static_cut(point(f"{prof}-static-cut-{t}g-bar", [
+                    *base, "--rate", f"{bar:g}", "--policies", ",".join(STATIC_CUT_ARMS), "--offload-gib", t,
+                    "--long-prefill-token-threshold", str(STATIC_CUT_TOKENS)]))
+            oracles = ("oracle", static_cut("oracle"))
+            per_tier[t] += [p for p in got if p["arm"] not in oracles]
+            pts = pts + [p for p in got if p["arm"] in oracles]
         if bars:
             section, shares, caps_by_arm = profile_section(prof, solo, pts, caps, cap_arms, per_tier, slo)
         lines += section
@@ -575,15 +623,30 @@ def main(argv: list[str] | None = None) -> int:
         capacities[prof] = caps_by_arm
         summary.append(f"- {prof}: " + "; ".join(
             f"{arm} {'none' if cap is None else f'{cap:g}/min'}" for arm, cap in caps_by_arm.items()))
-        oracle_rates = sorted(arm_series(pts, "oracle"))
+        # The better oracle bounds what a policy can reach: with vLLM's
+        # static chunk cut, a pool that never evicts may sustain more.
+        oracle_arm = max(("oracle", static_cut("oracle")), key=lambda a: caps_by_arm.get(a) or 0.0)
+        oracle_name = ("the oracle (a pool that never evicts)" if oracle_arm == "oracle" else
+                       "the oracle with vLLM's static chunk cut (a pool that never evicts, "
+                       f"--long-prefill-token-threshold {STATIC_CUT_TOKENS})")
+        oracle_rates = sorted(arm_series(pts, oracle_arm))
         for t in tiers:
             stock = caps_by_arm.get(f"native-offload ({t} GiB)")
+            cut = caps_by_arm.get(f"{static_cut('native-offload')} ({t} GiB)")
+            if f"{static_cut('native-offload')} ({t} GiB)" in caps_by_arm:
+                ours = caps_by_arm.get(f"continuum-native-offload ({t} GiB)")
+                summary.append(
+                    f"  - vLLM's own static chunk cut (`--long-prefill-token-threshold {STATIC_CUT_TOKENS}`) under "
+                    f"stock + native offloading at {t} GiB: {'none' if cut is None else f'{cut:g}/min'}"
+                    + (f" ({cut / stock:.2f}x stock + native offloading)" if cut and stock else "")
+                    + f"; the plugin + native offloading (its cut only in the steps a job's next turn waits): "
+                    + ("none" if ours is None else f"{ours:g}/min") + ".")
             for arm, who in (("continuum-native-offload", "the plugin + native offloading"),
                              (VICTIM_ARM, "the plugin + its connector storing what leaves a pin"),
                              ("continuum-offload-victim", "the plugin + its connector storing what the GPU evicts"),
                              ("offload-victim", "stock vLLM + the plugin's connector storing what the GPU evicts")):
-                verdict = offload_verdict(caps_by_arm.get(f"{arm} ({t} GiB)"), stock, caps_by_arm.get("oracle"),
-                                          sorted(tier_rates[t]), oracle_rates)
+                verdict = offload_verdict(caps_by_arm.get(f"{arm} ({t} GiB)"), stock, caps_by_arm.get(oracle_arm),
+                                          sorted(tier_rates[t]), oracle_rates, oracle_name)
                 summary.append(f"  - {who} against stock + native offloading at {t} GiB: {verdict}.")
     lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", ""]
     sims.write(args.doc, lines, "capacity_report")

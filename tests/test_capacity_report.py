@@ -237,3 +237,24 @@ def test_the_slow_turn_section_compares_each_arm_with_the_oracle():
     assert "| oracle | 28 | 0 | 10 | 18 |" in text and "native-offload" not in text
     assert "- `offload-victim (64 GiB)`: +43 slow turns over the oracle's; +20 recomputed, +25 queued." in text
     assert cr.slow_turns_section("h100-llama8b", "64", 0.525, pts[1:2], slo) == []
+
+
+def test_vllms_static_chunk_cut_stands_beside_stock_and_names_the_oracle_it_bounds_with():
+    solo = {f"j{i}": (100.0, 1000) for i in range(10)}
+    fine, slow = [110.0] * 10, [110.0] * 8 + [200.0] * 2
+    base = [_point("fcfs", 1, fine), _point("fcfs", 2, slow), _point("continuum", 1, fine),
+            _point("continuum", 2, slow), _point("oracle", 1, fine), _point("oracle", 2, slow)]
+    cut = cr.relabel_static_cut([_point("native-offload", 1, fine), _point("native-offload", 2, fine),
+                                 _point("oracle", 1, fine), _point("oracle", 2, fine)])
+    assert {p["arm"] for p in cut} == {"native-offload-cut4096", "oracle-cut4096"}
+    tier = [_point("native-offload", 1, fine), _point("native-offload", 2, slow),
+            *[p for p in cut if p["arm"] != "oracle-cut4096"]]
+    pts = base + [p for p in cut if p["arm"] == "oracle-cut4096"]
+    lines, _, capacities = cr.profile_section("h100-llama8b", solo, pts, [], [], {"64": tier}, SLO)
+    text = "\n".join(lines)
+    # The flag's arm is compared with stock + native offloading at its tier, and the cut oracle is shown.
+    assert capacities["native-offload-cut4096 (64 GiB)"] == 2 and capacities["oracle-cut4096"] == 2
+    assert "| native-offload-cut4096 (64 GiB) | 100% | 100% | 2 |" in text and "| 2.00x |" in text
+    assert "| oracle-cut4096 | 100% | 100% | 2 |" in text
+    named = cr.offload_verdict(1, 1, 2, [1, 2], oracle_rates=[1, 2], oracle_name="the cut oracle")
+    assert "the cut oracle sustains 2/min" in named
