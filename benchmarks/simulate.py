@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -62,6 +63,26 @@ class SimSettings:
     client: ClientProfile = TAGGED  # what the requests carry (sim.clients)
     tokenizer: str = ""  # the engine's tokenizer directory when replies are text
     long_prefill_token_threshold: int = 0  # vLLM's own static chunk cut, every arm (0: none)
+
+
+# The code a point's results depend on (paths from the repository root).
+_CODE_PATHS = ("vllm_continuum_plugin", "connectors", "estimators", "benchmarks")
+
+
+def code_commit() -> str | None:
+    """The git commit of the code that ran, ``+dirty`` when its tracked code
+    differs from that commit, or None outside a git checkout: results.json
+    records it, so a report can say which runs predate a change."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        def git(*cmd: str) -> str:
+            return subprocess.run(["git", "-C", root, *cmd], capture_output=True, text=True, timeout=30,
+                                  check=True).stdout.strip()
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *_CODE_PATHS)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def _shape(settings: SimSettings, num_blocks: int | None = None) -> EngineShape:
@@ -395,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w") as f:
             f.write(dumps({"profile": profile.name, "step_model": step_model.name, "seed": args.seed,
-                           "argv": sys.argv[1:] if argv is None else argv, "points": points}))
+                           "argv": sys.argv[1:] if argv is None else argv, "commit": code_commit(),
+                           "points": points}))
         title = f"{profile.name}, {step_model.name} step model, seed {args.seed}"
         for client in clients:
             # One plot per client profile: a sweep's lines are arms.

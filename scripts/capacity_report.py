@@ -630,6 +630,11 @@ def main(argv: list[str] | None = None) -> int:
                        "the oracle with vLLM's static chunk cut (a pool that never evicts, "
                        f"--long-prefill-token-threshold {STATIC_CUT_TOKENS})")
         oracle_rates = sorted(arm_series(pts, oracle_arm))
+        stale = sorted({p["arm"] for tp in per_tier.values() for p in tp
+                        if p["arm"].startswith("continuum-") and p.get("code_commit") is None})
+        if stale:
+            summary.append("  - ran before `cut_long_prefills` (their runs record no commit; see Commands): "
+                           + ", ".join(f"`{a}`" for a in stale) + ".")
         for t in tiers:
             stock = caps_by_arm.get(f"native-offload ({t} GiB)")
             cut = caps_by_arm.get(f"{static_cut('native-offload')} ({t} GiB)")

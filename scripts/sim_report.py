@@ -66,14 +66,22 @@ class SimPoints:
         self.commands: list[str] = []
 
     def point(self, path: str, argv: list[str]) -> list[dict]:
+        """The points of ``path``'s results.json, each with ``code_commit``:
+        the commit of the code that ran them (None: not recorded, a run from
+        before results recorded it)."""
         argv = [*argv, *self.common, "--out", path]
         run(argv)
-        self.commands.append("python -m benchmarks.simulate " + " ".join(argv))
-        return load(os.path.join(path, "results.json"))["points"]
+        results = load(os.path.join(path, "results.json"))
+        commit = results.get("commit")
+        self.commands.append("python -m benchmarks.simulate " + " ".join(argv)
+                             + f"  # code: {commit or 'not recorded (before 2026-11-29)'}")
+        return [{**p, "code_commit": commit} for p in results["points"]]
 
     def write(self, doc: str, lines: list[str], who: str) -> None:
         with open(doc, "w") as f:
-            f.write("\n".join([*lines, "## Commands", "", "```", *self.commands, "```", ""]))
+            f.write("\n".join([*lines, "## Commands", "",
+                               "Each names the commit of the code it ran (`+dirty`: with uncommitted changes).", "",
+                               "```", *self.commands, "```", ""]))
         print(f"[{who}] wrote {doc}", file=sys.stderr)
 
 

@@ -108,7 +108,7 @@ from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
 from .soft_pins import SoftPins
 from .policies import PLUGIN_POLICIES
-from .prefill_chunks import PrefillChunks
+from .prefill_chunks import NextTurnNeeds, PrefillChunks
 from .reply_reader import ReplyReader, stop_token_ids
 from .tier_capacity import TierCapacity, tier_capacity
 from .turn_facts import TurnReader
@@ -253,19 +253,22 @@ class ContinuumSchedulerMixin:
             self.gate_tier, self.connector, has_waiting_turn=lambda job_id: bool(self._waiting_turns.of(job_id)),
         ) if self.pinning_enabled else None
         self.admission: AdmissionGate | None = self.gate_feed.gate if self.gate_feed is not None else None
-        # A job's next turn does not wait behind another's long prefill.
+        # A job's next turn does not wait behind another's long prefill
+        # (by default only under a KV connector: see cut_long_prefills).
+        cut = cfg.cut_long_prefills == "always" or (cfg.cut_long_prefills == "with_tier" and self.connector is not None)
         self.prefill_chunks: PrefillChunks | None = PrefillChunks(
-            self.scheduler_config, self.max_num_scheduled_tokens, self.block_size, self._is_next_turn,
+            self.scheduler_config, self.max_num_scheduled_tokens, self.block_size,
+            NextTurnNeeds(self.jobs, self.pins, self.block_size, has_tier=self.connector is not None),
             on_cut=self.continuum_metrics.on_prefill_cut,
-        ) if cfg.cut_long_prefills else None
+        ) if cut else None
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
-            "max_pinned_blocks=%d implicit_jobs=%s admission=%s decider=%s", self.continuum_policy,
+            "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s decider=%s", self.continuum_policy,
             cfg.ttl_policy, type(self).__name__, self.pinning_enabled, self.max_pinned_blocks,
             self.implicit_jobs is not None,
             "off" if self.admission is None else f"{self.admission.capacity_blocks} blocks"
             + (f" (pool and {self.gate_tier.connector}'s host tier)" if self.gate_tier else ""),
-            type(self.decider).__name__,
+            self.prefill_chunks is not None, type(self.decider).__name__,
         )
         if not self.pinning_enabled:
             logger.warning(
@@ -288,21 +291,6 @@ class ContinuumSchedulerMixin:
     def _has_waiting_turn(self, job_id: str) -> bool:
         """A waiting request continues the job's pin (keep it past its deadline)."""
         return any(self._continues_pin(r) for r in self._waiting_turns.of(job_id))
-
-    def _is_next_turn(self, request: Request) -> bool:
-        """Is ``request`` a later turn of a job under way (a turn that
-        returns to a context, not a session's first)?"""
-        job_id = request_meta(request).job_id
-        job = self.jobs.get(job_id) if job_id is not None else None
-        return job is not None and job.turns_finished > 0
-
-    def _waiting_head(self) -> Request | None:
-        """The request vLLM's waiting loop looks at first (those holding
-        KV blocks are drained first), or None when nothing waits."""
-        for queue in (self.kv_holding_waiting, self.waiting):
-            if queue:
-                return queue.peek_request()
-        return None
 
     def _reprioritize_job(self, job_id: str) -> None:
         # Only a request with its job's credit can change tier.
@@ -394,7 +382,7 @@ class ContinuumSchedulerMixin:
             gate.hold_back(self.waiting, bool(self.running), self.clock.time())
         chunks = self.prefill_chunks
         if chunks is not None:
-            chunks.apply(self._waiting_head(), self.running)
+            chunks.apply((self.kv_holding_waiting, self.waiting), self.running)
         try:
             output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
