@@ -258,3 +258,12 @@ def test_vllms_static_chunk_cut_stands_beside_stock_and_names_the_oracle_it_boun
     assert "| oracle-cut4096 | 100% | 100% | 2 |" in text
     named = cr.offload_verdict(1, 1, 2, [1, 2], oracle_rates=[1, 2], oracle_name="the cut oracle")
     assert "the cut oracle sustains 2/min" in named
+
+
+def test_an_arm_past_the_oracle_is_said_to_win_by_scheduling():
+    # 70B, 64 GiB: the plugin + native offloading at 0.5/min where the oracle
+    # (stock scheduling, a pool that never evicts) sustains 0.375.
+    text = cr.offload_verdict(0.5, 0.375, 0.375, [0.125, 0.25, 0.375, 0.5], oracle_rates=[0.125, 0.25, 0.375, 0.5])
+    assert text.startswith("1.33x: the 1.5x bar is not reached")
+    assert "sustains more than the oracle (a pool that never evicts), which sustains 0.375/min" in text
+    assert "the sweep has no rate at 1.5x stock's 0.375/min" in text and "misses" not in text
