@@ -21,19 +21,16 @@ number of blocks), and the turn runs in the same step. Steps without such a
 turn run exactly as vLLM would.
 
 A next turn whose context was lost is itself a long prefill: letting it in
-beside another only interleaves the two, both finish later, and the blocks
-it takes early press on the pins of other jobs (on the 70B traces without a
-host tier, cutting for every next turn cost the sessions 6% in mean JCT).
-The scheduler's estimate of what the turn must compute (``new_tokens``) is
+beside another only interleaves the two, and both finish later. The
+scheduler's estimate of what the turn must compute (``new_tokens``) is
 therefore None unless its context is held: by its job's pin (the prompt
 beyond the pinned blocks), or by a host tier (the prompt beyond the job's
-last context).
-
-Without a host tier even that costs: the blocks a cut prefill holds for
-longer press on other jobs' pins, memory pressure releases them, and their
-turns rebuild (70B traces at 0.5 sessions/min without a tier: 6.8% slower
-mean JCT). The scheduler builds a :class:`PrefillChunks` only under a KV
-connector by default (``cut_long_prefills: with_tier``).
+last context). Without a host tier even that costs: the blocks a cut
+prefill holds for longer press on other jobs' pins, memory pressure
+releases them, and their turns rebuild (70B traces at 0.5 sessions/min
+without a tier: 6.8% slower mean JCT). The scheduler builds a
+:class:`PrefillChunks` only under a KV connector by default
+(``cut_long_prefills: with_tier``).
 
 Invariants: the scheduler config's threshold is changed only inside one
 ``schedule()`` call (:meth:`PrefillChunks.apply` before it,
@@ -130,13 +127,16 @@ class PrefillChunks:
         and whose own new tokens fit in a share."""
         if waiting_head is None:
             return None
-        remaining = [r.num_prompt_tokens - r.num_computed_tokens for r in running
-                     if r.num_computed_tokens < r.num_prompt_tokens]
-        if not remaining:
+        prefills, longest = 0, 0  # running prefills, and the most any has left
+        for r in running:
+            left = r.num_prompt_tokens - r.num_computed_tokens
+            if left > 0:
+                prefills, longest = prefills + 1, max(longest, left)
+        if not prefills:
             return None
-        share = chunk_share(self._budget, len(remaining), self._block_size)
+        share = chunk_share(self._budget, prefills, self._block_size)
         current = int(self._config.long_prefill_token_threshold)
-        if 0 < current <= share or max(remaining) <= share:
+        if 0 < current <= share or longest <= share:
             return None  # the user's own cut is tighter, or no prefill is long
         needs = self._new_tokens(waiting_head)
         if needs is None or needs > share:

@@ -255,10 +255,11 @@ class ContinuumSchedulerMixin:
         self.admission: AdmissionGate | None = self.gate_feed.gate if self.gate_feed is not None else None
         # A job's next turn does not wait behind another's long prefill
         # (by default only under a KV connector: see cut_long_prefills).
-        cut = cfg.cut_long_prefills == "always" or (cfg.cut_long_prefills == "with_tier" and self.connector is not None)
+        has_tier = self.connector is not None
+        cut = cfg.cut_long_prefills == "always" or (cfg.cut_long_prefills == "with_tier" and has_tier)
         self.prefill_chunks: PrefillChunks | None = PrefillChunks(
             self.scheduler_config, self.max_num_scheduled_tokens, self.block_size,
-            NextTurnNeeds(self.jobs, self.pins, self.block_size, has_tier=self.connector is not None),
+            NextTurnNeeds(self.jobs, self.pins, self.block_size, has_tier),
             on_cut=self.continuum_metrics.on_prefill_cut,
         ) if cut else None
         logger.info(
