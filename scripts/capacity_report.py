@@ -446,9 +446,13 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
     return lines
 
 
-def readme_body(capacities: dict[str, dict[str, float | None]], slo: Slo, doc: str) -> list[str]:
+def readme_body(capacities: dict[str, dict[str, float | None]], slo: Slo, doc: str,
+                stale: dict[str, set[str]] | None = None) -> list[str]:
     """README's summary: each arm's capacity per profile (sessions/min per
-    replica) and its ratio over its stock reference (``reference_arm``)."""
+    replica) and its ratio over its stock reference (``reference_arm``).
+    ``stale``: per profile, the plugin arms (names without the tier) whose
+    runs predate ``cut_long_prefills``; their cells are marked."""
+    stale = stale or {}
     profiles = list(capacities)
     arms = list(dict.fromkeys(a for caps in capacities.values() for a in caps))
     lines = [
@@ -472,9 +476,13 @@ def readme_body(capacities: dict[str, dict[str, float | None]], slo: Slo, doc: s
             elif cap is None:
                 cells.append("none")
             else:
-                cells.append(f"{cap:g}/min" + (f" ({cap / ref:.2f}x)" if ref and arm != reference_arm(arm) else ""))
+                cells.append(f"{cap:g}/min" + (f" ({cap / ref:.2f}x)" if ref and arm != reference_arm(arm) else "")
+                             + (" †" if arm.split(" (")[0] in stale.get(prof, ()) else ""))
         label = "fcfs-cap (best cap per rate)" if arm == "fcfs-cap (best)" else arm
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any(stale.values()):
+        lines += ["", "† ran before `cut_long_prefills` (their runs record no commit; "
+                  f"[{doc}]({doc}) says which)."]
     return lines
 
 
@@ -554,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     plots: list[tuple[str, dict[str, dict[float, float | None]]]] = []
     capacities: dict[str, dict[str, float | None]] = {}
+    stale_by_prof: dict[str, set[str]] = {}
     summary: list[str] = []
     for prof in profiles:
         rates = args.rates or DEFAULT_RATES[prof]
@@ -651,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         oracle_rates = sorted(arm_series(pts, oracle_arm))
         stale = sorted({p["arm"] for tp in per_tier.values() for p in tp
                         if p["arm"].startswith("continuum-") and p.get("code_commit") is None})
+        stale_by_prof[prof] = set(stale)
         if stale:
             summary.append("  - ran before `cut_long_prefills` (their runs record no commit; see Commands): "
                            + ", ".join(f"`{a}`" for a in stale) + ".")
@@ -671,13 +681,19 @@ def main(argv: list[str] | None = None) -> int:
                              ("offload-victim", "stock vLLM + the plugin's connector storing what the GPU evicts")):
                 verdict = offload_verdict(caps_by_arm.get(f"{arm} ({t} GiB)"), stock, caps_by_arm.get(oracle_arm),
                                           sorted(tier_rates[t]), oracle_rates, oracle_name)
+                at_bar = shares.get(f"{arm} ({t} GiB)", {}).get(bar_rate(stock)) if stock else None
+                if at_bar is not None and at_bar < slo.attainment:
+                    # What the bar's own run says, beside the oracle's there.
+                    oracle_at = shares.get(oracle_arm, {}).get(bar_rate(stock))
+                    verdict += (f"; at the bar's {bar_rate(stock):g}/min {at_bar:.0%} of its sessions keep the SLO"
+                                + ("" if oracle_at is None else f" ({oracle_arm}: {oracle_at:.0%})"))
                 summary.append(f"  - {who} against stock + native offloading at {t} GiB: {verdict}.")
     lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", ""]
     sims.write(args.doc, lines, "capacity_report")
     _plot(plots, slo, args.plot)
     if args.readme:
         rel = os.path.relpath(args.doc, os.path.dirname(os.path.abspath(args.readme)))
-        replace_readme_block(args.readme, README_BEGIN, README_END, readme_body(capacities, slo, rel))
+        replace_readme_block(args.readme, README_BEGIN, README_END, readme_body(capacities, slo, rel, stale_by_prof))
     return 0
 
 

@@ -211,6 +211,20 @@ def test_the_readme_summary_gives_each_arms_capacity_against_its_stock_reference
     assert "old" not in text
 
 
+def test_the_readme_summary_marks_plugin_arms_that_ran_before_the_prefill_cut():
+    """A figure from code older than the plugin it describes is marked, on
+    its profile only, and the note says where the page tells which runs."""
+    capacities = {
+        "h100-llama8b": {"native-offload (64 GiB)": 0.35, "continuum-native-offload (64 GiB)": 0.35},
+        "h100-llama70b-tp4": {"native-offload (64 GiB)": 0.375, "continuum-native-offload (64 GiB)": 0.5},
+    }
+    body = cr.readme_body(capacities, SLO, "docs/capacity.md", {"h100-llama8b": {"continuum-native-offload"}})
+    assert "| continuum-native-offload (64 GiB) | 0.35/min (1.00x) † | 0.5/min (1.33x) |" in body
+    assert "| native-offload (64 GiB) | 0.35/min | 0.375/min |" in body
+    assert any(line.startswith("† ran before `cut_long_prefills`") for line in body)
+    assert not any("†" in line for line in cr.readme_body(capacities, SLO, "docs/capacity.md"))
+
+
 def test_slow_turns_are_split_by_cause_once_each():
     """A slow turn is counted under the first cause that applies: lost
     context first, then waiting to be scheduled, then new prefill; a turn
