@@ -234,6 +234,12 @@ def offload_verdict(ours: float | None, stock: float | None, oracle: float | Non
     return verdict
 
 
+def rate_union(*specs: str) -> str:
+    """The rates of several comma-separated lists, as one sorted list
+    without repeats (``"0.5,1"`` and ``"0.75,1"`` -> ``"0.5,0.75,1"``)."""
+    return ",".join(f"{r:g}" for r in sorted({float(r) for spec in specs for r in spec.split(",") if r.strip()}))
+
+
 def fine_rates(spec: str, prof: str, tiers: list[str]) -> dict[str, str]:
     """Host tier (GiB) -> its finer rates, for the tiers swept: ``spec`` as
     ``--fine-rates`` takes it (``"64=0.3,0.4;256=0.75"``, ``"none"``), or
@@ -450,8 +456,9 @@ def readme_body(capacities: dict[str, dict[str, float | None]], slo: Slo, doc: s
                 stale: dict[str, set[str]] | None = None) -> list[str]:
     """README's summary: each arm's capacity per profile (sessions/min per
     replica) and its ratio over its stock reference (``reference_arm``).
-    ``stale``: per profile, the plugin arms (names without the tier) whose
-    runs predate ``cut_long_prefills``; their cells are marked."""
+    ``stale``: per profile, the plugin arms (as the tables name them, with
+    their tier) whose runs predate ``cut_long_prefills``; their cells are
+    marked."""
     stale = stale or {}
     profiles = list(capacities)
     arms = list(dict.fromkeys(a for caps in capacities.values() for a in caps))
@@ -477,7 +484,7 @@ def readme_body(capacities: dict[str, dict[str, float | None]], slo: Slo, doc: s
                 cells.append("none")
             else:
                 cells.append(f"{cap:g}/min" + (f" ({cap / ref:.2f}x)" if ref and arm != reference_arm(arm) else "")
-                             + (" †" if arm.split(" (")[0] in stale.get(prof, ()) else ""))
+                             + (" †" if arm in stale.get(prof, ()) else ""))
         label = "fcfs-cap (best cap per rate)" if arm == "fcfs-cap (best)" else arm
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if any(stale.values()):
@@ -574,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         caps = point(f"{prof}-caps", [*sweep, "--policies", ",".join(cap_arms)]) if cap_arms else []
         fine = fine_rates(args.fine_rates, prof, tiers)
         if fine:  # the oracle at every finer rate: what any policy could sustain there
-            union = ",".join(f"{r:g}" for r in sorted({float(r) for rs in fine.values() for r in rs.split(",")}))
+            union = rate_union(*fine.values())
             pts = pts + point(f"{prof}-oracle-fine", [*base, "--sweep-rate", union, "--policies", "oracle"])
         per_tier: dict[str, list[dict[str, Any]]] = {}
         for t in tiers:
@@ -589,8 +596,7 @@ def main(argv: list[str] | None = None) -> int:
                 per_tier[t] += point(f"{prof}-offload-{t}g-fine-evicted", [
                     *base, "--sweep-rate", fine[t], "--policies", ",".join(EVICTED_ARMS), *tier])
             if t in STATIC_CUT_TIERS:
-                cut_rates = ",".join(f"{r:g}" for r in sorted(
-                    {float(r) for r in [*rates.split(","), *(fine[t].split(",") if t in fine else [])]}))
+                cut_rates = rate_union(rates, fine.get(t, ""))
                 got = relabel_static_cut(point(f"{prof}-static-cut-{t}g", [
                     *base, "--sweep-rate", cut_rates, "--policies", ",".join(STATIC_CUT_ARMS), *tier,
                     "--long-prefill-token-threshold", str(STATIC_CUT_TOKENS)]))
@@ -658,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                        "the oracle with vLLM's static chunk cut (a pool that never evicts, "
                        f"--long-prefill-token-threshold {STATIC_CUT_TOKENS})")
         oracle_rates = sorted(arm_series(pts, oracle_arm))
-        stale = sorted({p["arm"] for tp in per_tier.values() for p in tp
+        stale = sorted({f"{p['arm']} ({t} GiB)" for t, tp in per_tier.items() for p in tp
                         if p["arm"].startswith("continuum-") and p.get("code_commit") is None})
         stale_by_prof[prof] = set(stale)
         if stale:

@@ -218,7 +218,7 @@ def test_the_readme_summary_marks_plugin_arms_that_ran_before_the_prefill_cut():
         "h100-llama8b": {"native-offload (64 GiB)": 0.35, "continuum-native-offload (64 GiB)": 0.35},
         "h100-llama70b-tp4": {"native-offload (64 GiB)": 0.375, "continuum-native-offload (64 GiB)": 0.5},
     }
-    body = cr.readme_body(capacities, SLO, "docs/capacity.md", {"h100-llama8b": {"continuum-native-offload"}})
+    body = cr.readme_body(capacities, SLO, "docs/capacity.md", {"h100-llama8b": {"continuum-native-offload (64 GiB)"}})
     assert "| continuum-native-offload (64 GiB) | 0.35/min (1.00x) † | 0.5/min (1.33x) |" in body
     assert "| native-offload (64 GiB) | 0.35/min | 0.375/min |" in body
     assert any(line.startswith("† ran before `cut_long_prefills`") for line in body)
@@ -281,3 +281,8 @@ def test_an_arm_past_the_oracle_is_said_to_win_by_scheduling():
     assert text.startswith("1.33x: the 1.5x bar is not reached")
     assert "sustains more than the oracle (a pool that never evicts), which sustains 0.375/min" in text
     assert "the sweep has no rate at 1.5x stock's 0.375/min" in text and "misses" not in text
+
+
+def test_rate_lists_merge_sorted_without_repeats():
+    assert cr.rate_union("0.5,1", "0.75,1") == "0.5,0.75,1"
+    assert cr.rate_union("0.25,0.5", "") == "0.25,0.5"  # a tier without finer rates
