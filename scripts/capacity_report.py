@@ -234,6 +234,11 @@ def offload_verdict(ours: float | None, stock: float | None, oracle: float | Non
     return verdict
 
 
+def rates_run(points: list[dict[str, Any]]) -> list[float]:
+    """The rates ``points`` ran at, sorted, each once."""
+    return sorted({p["rate_per_min"] for p in points})
+
+
 def rate_union(*specs: str) -> str:
     """The rates of several comma-separated lists, as one sorted list
     without repeats (``"0.5,1"`` and ``"0.75,1"`` -> ``"0.5,0.75,1"``)."""
@@ -611,10 +616,9 @@ def main(argv: list[str] | None = None) -> int:
         # rate too), which moves the bar: run the new one, at most
         # ``BAR_ROUNDS`` times.
         for bar_round in range(BAR_ROUNDS):
-            tier_rates = {t: sorted({p["rate_per_min"] for p in tp}) for t, tp in per_tier.items()}
             bars = {t: bar_rate(stock) for t in tiers
                     if (stock := caps_by_arm.get(f"native-offload ({t} GiB)")) is not None
-                    and all(abs(r - bar_rate(stock)) > 1e-9 for r in tier_rates[t])}
+                    and all(abs(r - bar_rate(stock)) > 1e-9 for r in rates_run(per_tier[t]))}
             if not bars:
                 break
             suffix = "bar" if bar_round == 0 else f"bar{bar_round + 1}"
@@ -681,17 +685,18 @@ def main(argv: list[str] | None = None) -> int:
                     + (f" ({cut / stock:.2f}x stock + native offloading)" if cut and stock else "")
                     + f"; the plugin + native offloading (its cut only in the steps a job's next turn waits): "
                     + ("none" if ours is None else f"{ours:g}/min") + ".")
+            bar = bar_rate(stock) if stock else None
             for arm, who in (("continuum-native-offload", "the plugin + native offloading"),
                              (VICTIM_ARM, "the plugin + its connector storing what leaves a pin"),
                              ("continuum-offload-victim", "the plugin + its connector storing what the GPU evicts"),
                              ("offload-victim", "stock vLLM + the plugin's connector storing what the GPU evicts")):
                 verdict = offload_verdict(caps_by_arm.get(f"{arm} ({t} GiB)"), stock, caps_by_arm.get(oracle_arm),
-                                          sorted(tier_rates[t]), oracle_rates, oracle_name)
-                at_bar = shares.get(f"{arm} ({t} GiB)", {}).get(bar_rate(stock)) if stock else None
+                                          rates_run(per_tier[t]), oracle_rates, oracle_name)
+                at_bar = shares.get(f"{arm} ({t} GiB)", {}).get(bar)
                 if at_bar is not None and at_bar < slo.attainment:
                     # What the bar's own run says, beside the oracle's there.
-                    oracle_at = shares.get(oracle_arm, {}).get(bar_rate(stock))
-                    verdict += (f"; at the bar's {bar_rate(stock):g}/min {at_bar:.0%} of its sessions keep the SLO"
+                    oracle_at = shares.get(oracle_arm, {}).get(bar)
+                    verdict += (f"; at the bar's {bar:g}/min {at_bar:.0%} of its sessions keep the SLO"
                                 + ("" if oracle_at is None else f" ({oracle_arm}: {oracle_at:.0%})"))
                 summary.append(f"  - {who} against stock + native offloading at {t} GiB: {verdict}.")
     lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", ""]
