@@ -1,19 +1,25 @@
-"""scripts/capacity_report.py's scoring: SLO attainment per session against
-its JCT served alone, and capacity as the largest rate sustained with every
-lower rate sustained (pure logic over simulator results)."""
+"""scripts/capacity_report.py and its modules: the scoring
+(``capacity_scoring``: SLO attainment per session against its JCT served
+alone, capacity as the largest rate sustained with every lower rate
+sustained), the page's sections (``capacity_sections``) and the report's
+own arguments (pure logic over simulator results)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import capacity_report as cr  # noqa: E402
+sys.path.insert(0, ROOT)
+from scripts import capacity_report as cr  # noqa: E402
+from scripts import capacity_scoring as cs  # noqa: E402
+from scripts import capacity_sections as sec  # noqa: E402
 
 sys.path.pop(0)
 
-SLO = cr.Slo(ttft_p90_s=2.0, jct_factor=1.3, attainment=0.9)
+SLO = cs.Slo(ttft_p90_s=2.0, jct_factor=1.3, attainment=0.9)
 
 
 def _session(job, jct, ttft=0.5, tokens=1000):
@@ -29,21 +35,21 @@ def test_a_session_keeps_the_slo_only_within_both_bounds_and_only_same_jobs_are_
         _session("d", 100.0),  # another job's content under the same id: not judged
         _session("e", 100.0),  # never ran alone: not judged
     ]}
-    assert cr.attainment(point, solo, SLO) == 1 / 3
-    assert cr.attainment({"sessions": []}, solo, SLO) is None
+    assert cs.attainment(point, solo, SLO) == 1 / 3
+    assert cs.attainment({"sessions": []}, solo, SLO) is None
 
 
 def test_capacity_is_the_largest_rate_sustained_with_every_lower_rate_sustained():
-    assert cr.capacity({0.5: 1.0, 1.0: 0.95, 1.5: 0.85, 2.0: 0.92}, SLO) == 1.0  # 2.0 after a miss does not count
-    assert cr.capacity({0.5: 0.8, 1.0: 0.95}, SLO) is None  # not even the lowest rate
-    assert cr.capacity({0.5: 0.9}, SLO) == 0.5  # the bar is inclusive
+    assert cs.capacity({0.5: 1.0, 1.0: 0.95, 1.5: 0.85, 2.0: 0.92}, SLO) == 1.0  # 2.0 after a miss does not count
+    assert cs.capacity({0.5: 0.8, 1.0: 0.95}, SLO) is None  # not even the lowest rate
+    assert cs.capacity({0.5: 0.9}, SLO) == 0.5  # the bar is inclusive
 
 
 def test_offload_arms_compare_with_stock_native_offloading_at_their_tier():
-    assert cr.reference_arm("continuum-native-offload (64 GiB)") == "native-offload (64 GiB)"
-    assert cr.reference_arm("continuum-offload (256 GiB)") == "native-offload (256 GiB)"
-    assert cr.reference_arm("continuum") == "fcfs"
-    assert cr.reference_arm("fcfs-cap (best)") == "fcfs"
+    assert cs.reference_arm("continuum-native-offload (64 GiB)") == "native-offload (64 GiB)"
+    assert cs.reference_arm("continuum-offload (256 GiB)") == "native-offload (256 GiB)"
+    assert cs.reference_arm("continuum") == "fcfs"
+    assert cs.reference_arm("fcfs-cap (best)") == "fcfs"
 
 
 def _point(arm, rate, jcts, ttft=0.5):
@@ -63,7 +69,7 @@ def test_the_table_names_each_arms_capacity_against_stock_at_the_same_tier():
     tier = [_point("native-offload", 1, fine), _point("native-offload", 2, slow),
             _point("continuum-native-offload", 1, fine), _point("continuum-native-offload", 2, fine),
             _point("continuum-offload", 1, slow), _point("continuum-offload", 2, fine)]
-    lines, shares, capacities = cr.profile_section(
+    lines, shares, capacities = sec.profile_section(
         "h100-llama8b", solo, base, caps, ["fcfs-cap8", "fcfs-cap12"], {"64": tier}, SLO)
     assert capacities["fcfs"] == 1 and capacities["continuum"] == 2
     assert capacities["fcfs-cap (best)"] == 1  # cap12 at 1/min, nothing at 2/min
@@ -83,7 +89,7 @@ def test_misses_counts_each_half_of_the_slo_a_session_breaks():
     solo = {"a": (100.0, 1000), "b": (100.0, 1000), "c": (100.0, 1000), "d": (100.0, 999)}
     point = {"sessions": [_session("a", 129.0), _session("b", 131.0, ttft=2.5), _session("c", 110.0, ttft=2.5),
                           _session("d", 500.0, ttft=9.0)]}  # d: another job's content, not judged
-    assert cr.misses(point, solo, SLO) == (3, 2, 1)
+    assert cs.misses(point, solo, SLO) == (3, 2, 1)
 
 
 def test_the_ttft_split_says_what_prefetching_could_give_at_most():
@@ -93,7 +99,7 @@ def test_the_ttft_split_says_what_prefetching_could_give_at_most():
         return {"arm": arm, "ttft_mean_s": ttft, "queue_mean_s": queue, "load_wait_mean_s": load,
                 "jct_mean_s": 1100.0}
 
-    lines = cr.ttft_section("h100-llama8b", 1.0, oracle, {
+    lines = sec.ttft_section("h100-llama8b", 1.0, oracle, {
         "64": [native("native-offload", 1.6, 1.4, 0.05)],  # queueing for the pool, not for loads
         "256": [native("continuum-native-offload", 0.9, 0.7, 0.6)],  # mostly loads
     })
@@ -105,14 +111,14 @@ def test_the_ttft_split_says_what_prefetching_could_give_at_most():
     assert "without them 0.30 s, within 2x the oracle's (0.40 s)" in text
     assert lines[-2] == ("So prefetching contexts before their turns return could bring the mean TTFT within 2x the "
                          "oracle's for `continuum-native-offload` at 256 GiB.")
-    lines = cr.ttft_section("h100-llama8b", 1.0, oracle, {"64": [native("native-offload", 1.6, 1.4, 0.05)]})
+    lines = sec.ttft_section("h100-llama8b", 1.0, oracle, {"64": [native("native-offload", 1.6, 1.4, 0.05)]})
     assert lines[-2].startswith("So prefetching contexts before their turns return cannot bring the mean TTFT within 2x "
                                 "the oracle's for any arm or tier here: the turns wait for room")
     # Already within 2x without prefetching: the page says so, and claims nothing for prefetching.
-    lines = cr.ttft_section("h100-llama70b-tp4", 0.5, oracle, {"64": [native("native-offload", 0.38, 0.1, 0.02)]})
+    lines = sec.ttft_section("h100-llama70b-tp4", 0.5, oracle, {"64": [native("native-offload", 0.38, 0.1, 0.02)]})
     assert lines[-2] == ("So the mean TTFT is already within 2x the oracle's, without prefetching, for every "
                          "arm and tier here.")
-    lines = cr.ttft_section("h100-llama8b", 1.0, oracle, {
+    lines = sec.ttft_section("h100-llama8b", 1.0, oracle, {
         "64": [native("native-offload", 1.6, 1.4, 0.05)], "256": [native("native-offload", 0.38, 0.1, 0.02)]})
     assert lines[-2] == ("So the mean TTFT is already within 2x the oracle's, without prefetching, for "
                          "`native-offload` at 256 GiB; prefetching contexts before their turns return cannot "
@@ -123,27 +129,27 @@ def test_the_ttft_split_says_what_prefetching_could_give_at_most():
 
 def test_the_verdict_says_what_bounds_the_plugins_ratio_over_stock_native_offloading():
     rates = [0.25, 0.5, 1.0, 1.5]
-    assert cr.offload_verdict(0.5, 0.25, 0.5, rates).startswith("2.00x: the 1.5x bar holds")
+    assert sec.offload_verdict(0.5, 0.25, 0.5, rates).startswith("2.00x: the 1.5x bar holds")
     # Stock with native offloading already at the oracle's capacity: nothing serves more on the sweep.
-    tied = cr.offload_verdict(0.5, 0.5, 0.5, rates)
+    tied = sec.offload_verdict(0.5, 0.5, 0.5, rates)
     assert "1.00x: the 1.5x bar is not reached" in tied and "already sustains the oracle's 0.5/min" in tied
-    assert "serves fewer" in cr.offload_verdict(0.25, 0.5, 1.0, rates)
-    assert cr.offload_verdict(None, 0.25, 0.5, rates).startswith("not comparable")
+    assert "serves fewer" in sec.offload_verdict(0.25, 0.5, 1.0, rates)
+    assert sec.offload_verdict(None, 0.25, 0.5, rates).startswith("not comparable")
     # A sweep without a rate at 1.5x stock's cannot show the bar.
-    assert "the sweep has no rate at 1.5x stock's 0.5/min" in cr.offload_verdict(0.5, 0.5, 0.6, [0.25, 0.5, 0.6])
+    assert "the sweep has no rate at 1.5x stock's 0.5/min" in sec.offload_verdict(0.5, 0.5, 0.6, [0.25, 0.5, 0.6])
     # The oracle itself misses the SLO within 1.5x stock's capacity: the GPU's compute bounds every policy,
     # and that is said before the weaker "stock already sustains the oracle's capacity".
     grid = [0.3, 0.35, 0.4, 0.45, 0.5, 0.525, 0.75]
-    bounded = cr.offload_verdict(0.4, 0.35, 0.5, grid, oracle_rates=grid)
+    bounded = sec.offload_verdict(0.4, 0.35, 0.5, grid, oracle_rates=grid)
     assert bounded.startswith("1.14x: the 1.5x bar is not reached")
     assert ("the oracle (a pool that never evicts) misses the SLO at 0.525/min, within 1.5x stock + native "
             "offloading's 0.35/min") in bounded
-    assert "misses the SLO at 0.5/min" in cr.offload_verdict(0.375, 0.375, 0.375, [0.25, 0.375, 0.5],
+    assert "misses the SLO at 0.5/min" in sec.offload_verdict(0.375, 0.375, 0.375, [0.25, 0.375, 0.5],
                                                              oracle_rates=[0.25, 0.375, 0.5])
     # Only a rate the oracle ran and missed proves it: 0.75 is past the bar and says nothing.
-    assert "misses" not in cr.offload_verdict(0.4, 0.35, 0.5, grid, oracle_rates=[0.3, 0.5, 0.75])
+    assert "misses" not in sec.offload_verdict(0.4, 0.35, 0.5, grid, oracle_rates=[0.3, 0.5, 0.75])
     # The oracle sustains the bar's rate: the arm's own retention falls short, not the GPU.
-    open_bar = cr.offload_verdict(0.4, 0.35, 0.525, grid, oracle_rates=grid)
+    open_bar = sec.offload_verdict(0.4, 0.35, 0.525, grid, oracle_rates=grid)
     assert "the oracle (a pool that never evicts) sustains 0.525/min, at least 1.5x" in open_bar
     assert "keeps too little of what the sessions reuse" in open_bar
 
@@ -180,27 +186,27 @@ def test_finer_rates_decide_a_capacity_between_two_coarse_rates():
             _point("continuum-native-offload", 1.5, slow),
             _point("continuum-offload", 1, fine), _point("continuum-offload", 2, slow),
             _point("continuum-offload", 1.5, slow),
-            _point(cr.VICTIM_ARM, 1, fine), _point(cr.VICTIM_ARM, 2, slow), _point(cr.VICTIM_ARM, 1.5, fine)]
-    lines, shares, capacities = cr.profile_section("h100-llama8b", solo, base, [], [], {"64": tier}, SLO)
-    assert capacities[f"{cr.VICTIM_ARM} (64 GiB)"] == 1.5
+            _point(cs.VICTIM_ARM, 1, fine), _point(cs.VICTIM_ARM, 2, slow), _point(cs.VICTIM_ARM, 1.5, fine)]
+    lines, shares, capacities = sec.profile_section("h100-llama8b", solo, base, [], [], {"64": tier}, SLO)
+    assert capacities[f"{cs.VICTIM_ARM} (64 GiB)"] == 1.5
     assert capacities["native-offload (64 GiB)"] == 1
     assert capacities["fcfs"] == 1 and capacities["oracle"] == 2
     text = "\n".join(lines)
-    assert f"| {cr.VICTIM_ARM} (64 GiB) | 100% | 100% | 80% | 1.5 | 2.8 | 10 | 1.50x |" in text
+    assert f"| {cs.VICTIM_ARM} (64 GiB) | 100% | 100% | 80% | 1.5 | 2.8 | 10 | 1.50x |" in text
     assert "| fcfs | 100% | - | 80% | 1 |" in text  # not run at 1.5/min
-    assert cr.offload_verdict(1.5, 1.0, 2.0, [1, 1.5, 2]).startswith("1.50x: the 1.5x bar holds")
+    assert sec.offload_verdict(1.5, 1.0, 2.0, [1, 1.5, 2]).startswith("1.50x: the 1.5x bar holds")
 
 
 def test_the_readme_summary_gives_each_arms_capacity_against_its_stock_reference(tmp_path):
     capacities = {
         "h100-llama8b": {"fcfs": 0.25, "native-offload (64 GiB)": 0.3, "continuum": 0.25,
-                         f"{cr.VICTIM_ARM} (64 GiB)": 0.45, "oracle": 0.5, "fcfs-cap (best)": None},
+                         f"{cs.VICTIM_ARM} (64 GiB)": 0.45, "oracle": 0.5, "fcfs-cap (best)": None},
         "h100-llama70b-tp4": {"fcfs": 0.125, "native-offload (64 GiB)": 0.25, "continuum": 0.125, "oracle": 0.25},
     }
-    body = cr.readme_body(capacities, SLO, "docs/capacity.md")
+    body = sec.readme_body(capacities, SLO, "docs/capacity.md")
     assert "| arm | h100-llama8b | h100-llama70b-tp4 |" in body
     assert "| fcfs | 0.25/min | 0.125/min |" in body  # the reference carries no ratio
-    assert f"| {cr.VICTIM_ARM} (64 GiB) | 0.45/min (1.50x) | - |" in body  # over native at its tier; not run on 70B
+    assert f"| {cs.VICTIM_ARM} (64 GiB) | 0.45/min (1.50x) | - |" in body  # over native at its tier; not run on 70B
     assert "| continuum | 0.25/min (1.00x) | 0.125/min (1.00x) |" in body
     assert "| fcfs-cap (best cap per rate) | none | - |" in body
     readme = tmp_path / "README.md"
@@ -218,11 +224,11 @@ def test_the_readme_summary_marks_plugin_arms_that_ran_before_the_prefill_cut():
         "h100-llama8b": {"native-offload (64 GiB)": 0.35, "continuum-native-offload (64 GiB)": 0.35},
         "h100-llama70b-tp4": {"native-offload (64 GiB)": 0.375, "continuum-native-offload (64 GiB)": 0.5},
     }
-    body = cr.readme_body(capacities, SLO, "docs/capacity.md", {"h100-llama8b": {"continuum-native-offload (64 GiB)"}})
+    body = sec.readme_body(capacities, SLO, "docs/capacity.md", {"h100-llama8b": {"continuum-native-offload (64 GiB)"}})
     assert "| continuum-native-offload (64 GiB) | 0.35/min (1.00x) † | 0.5/min (1.33x) |" in body
     assert "| native-offload (64 GiB) | 0.35/min | 0.375/min |" in body
     assert any(line.startswith("† ran before `cut_long_prefills`") for line in body)
-    assert not any("†" in line for line in cr.readme_body(capacities, SLO, "docs/capacity.md"))
+    assert not any("†" in line for line in sec.readme_body(capacities, SLO, "docs/capacity.md"))
 
 
 def test_slow_turns_are_split_by_cause_once_each():
@@ -242,15 +248,15 @@ def test_slow_turns_are_split_by_cause_once_each():
 
 
 def test_the_slow_turn_section_compares_each_arm_with_the_oracle():
-    slo = cr.Slo(2.0, 1.3, 0.9)
+    slo = cs.Slo(2.0, 1.3, 0.9)
     pts = [{"arm": "offload-victim", "slow_turns": {"slow": 71, "recomputed": 20, "queued": 35, "new_prompt": 16}},
            {"arm": "native-offload"},  # an older run without the breakdown: left out
            {"arm": "oracle", "slow_turns": {"slow": 28, "recomputed": 0, "queued": 10, "new_prompt": 18}}]
-    text = "\n".join(cr.slow_turns_section("h100-llama8b", "64", 0.525, pts, slo))
+    text = "\n".join(sec.slow_turns_section("h100-llama8b", "64", 0.525, pts, slo))
     assert "| offload-victim (64 GiB) | 71 | 20 | 35 | 16 |" in text
     assert "| oracle | 28 | 0 | 10 | 18 |" in text and "native-offload" not in text
     assert "- `offload-victim (64 GiB)`: +43 slow turns over the oracle's; +20 recomputed, +25 queued." in text
-    assert cr.slow_turns_section("h100-llama8b", "64", 0.525, pts[1:2], slo) == []
+    assert sec.slow_turns_section("h100-llama8b", "64", 0.525, pts[1:2], slo) == []
 
 
 def test_vllms_static_chunk_cut_stands_beside_stock_and_names_the_oracle_it_bounds_with():
@@ -258,31 +264,59 @@ def test_vllms_static_chunk_cut_stands_beside_stock_and_names_the_oracle_it_boun
     fine, slow = [110.0] * 10, [110.0] * 8 + [200.0] * 2
     base = [_point("fcfs", 1, fine), _point("fcfs", 2, slow), _point("continuum", 1, fine),
             _point("continuum", 2, slow), _point("oracle", 1, fine), _point("oracle", 2, slow)]
-    cut = cr.relabel_static_cut([_point("native-offload", 1, fine), _point("native-offload", 2, fine),
+    cut = cs.relabel_static_cut([_point("native-offload", 1, fine), _point("native-offload", 2, fine),
                                  _point("oracle", 1, fine), _point("oracle", 2, fine)])
     assert {p["arm"] for p in cut} == {"native-offload-cut4096", "oracle-cut4096"}
     tier = [_point("native-offload", 1, fine), _point("native-offload", 2, slow),
             *[p for p in cut if p["arm"] != "oracle-cut4096"]]
     pts = base + [p for p in cut if p["arm"] == "oracle-cut4096"]
-    lines, _, capacities = cr.profile_section("h100-llama8b", solo, pts, [], [], {"64": tier}, SLO)
+    lines, _, capacities = sec.profile_section("h100-llama8b", solo, pts, [], [], {"64": tier}, SLO)
     text = "\n".join(lines)
     # The flag's arm is compared with stock + native offloading at its tier, and the cut oracle is shown.
     assert capacities["native-offload-cut4096 (64 GiB)"] == 2 and capacities["oracle-cut4096"] == 2
     assert "| native-offload-cut4096 (64 GiB) | 100% | 100% | 2 |" in text and "| 2.00x |" in text
     assert "| oracle-cut4096 | 100% | 100% | 2 |" in text
-    named = cr.offload_verdict(1, 1, 2, [1, 2], oracle_rates=[1, 2], oracle_name="the cut oracle")
+    named = sec.offload_verdict(1, 1, 2, [1, 2], oracle_rates=[1, 2], oracle_name="the cut oracle")
     assert "the cut oracle sustains 2/min" in named
 
 
 def test_an_arm_past_the_oracle_is_said_to_win_by_scheduling():
     # 70B, 64 GiB: the plugin + native offloading at 0.5/min where the oracle
     # (stock scheduling, a pool that never evicts) sustains 0.375.
-    text = cr.offload_verdict(0.5, 0.375, 0.375, [0.125, 0.25, 0.375, 0.5], oracle_rates=[0.125, 0.25, 0.375, 0.5])
+    text = sec.offload_verdict(0.5, 0.375, 0.375, [0.125, 0.25, 0.375, 0.5], oracle_rates=[0.125, 0.25, 0.375, 0.5])
     assert text.startswith("1.33x: the 1.5x bar is not reached")
     assert "sustains more than the oracle (a pool that never evicts), which sustains 0.375/min" in text
     assert "the sweep has no rate at 1.5x stock's 0.375/min" in text and "misses" not in text
 
 
 def test_rate_lists_merge_sorted_without_repeats():
-    assert cr.rate_union("0.5,1", "0.75,1") == "0.5,0.75,1"
-    assert cr.rate_union("0.25,0.5", "") == "0.25,0.5"  # a tier without finer rates
+    assert cs.rate_union("0.5,1", "0.75,1") == "0.5,0.75,1"
+    assert cs.rate_union("0.25,0.5", "") == "0.25,0.5"  # a tier without finer rates
+
+
+def test_the_seed_check_gives_each_arms_capacity_and_ratio_on_another_draw_beside_seed_7s():
+    solo = {f"j{i}": (100.0, 1000) for i in range(10)}
+    fine, slow = [110.0] * 10, [110.0] * 8 + [200.0] * 2  # 100% and 80% keep the SLO
+    pts = [_point("native-offload", 0.3, fine), _point("native-offload", 0.4, slow),
+           _point("continuum-native-offload", 0.3, fine), _point("continuum-native-offload", 0.4, fine),
+           _point("continuum-offload-victim", 0.3, slow), _point("continuum-offload-victim", 0.4, fine)]
+    seed7 = {"native-offload (64 GiB)": 0.35, "continuum-native-offload (64 GiB)": 0.35,
+             "continuum-offload-victim (64 GiB)": 0.45}
+    lines, found = sec.seed_check_section("h100-llama8b", "64", seed7, {"8": (solo, pts)}, SLO)
+    assert found == {"8": {"native-offload": 0.3, "continuum-native-offload": 0.4, "continuum-offload-victim": None}}
+    text = "\n".join(lines)
+    # Seed 8's capacity and ratio over stock + native offloading, then seed 7's.
+    assert "| continuum-native-offload (64 GiB) | 100% | 100% | 0.4/min | 1.33x | 0.35/min | 1.00x |" in text
+    # A miss at the lowest rate: below what the check ran, not "0".
+    assert "| continuum-offload-victim (64 GiB) | 80% | 100% | < 0.3/min | - | 0.45/min | 1.29x |" in text
+    readme = sec.seed_check_readme({"h100-llama8b": found})
+    assert readme[-1] == ("On another draw of sessions (64 GiB, over `native-offload`): h100-llama8b (seed 8): "
+                          "continuum-native-offload 1.33x, continuum-offload-victim below the check's rates.")
+    assert sec.seed_check_readme({}) == []
+
+
+def test_the_seed_check_refuses_seed_7_or_a_non_number(tmp_path):
+    for bad in ("7", "x"):
+        with pytest.raises(SystemExit, match="--check-seeds"):
+            cr.main(["--check-seeds", bad, "--profiles", "", "--out", str(tmp_path), "--doc",
+                     str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png"), "--readme", ""])
