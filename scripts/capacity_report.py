@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--check-seeds: {seed!r} is not a seed other than 7 (a non-negative integer)")
     seed_sims = {seed: SimPoints(["--step-model", args.step_model, "--seed", seed, "--workers", "2"])
                  for seed in check_seeds}
-    seed_found: dict[str, dict[str, dict[str, float | None]]] = {}
+    seed_found: dict[str, dict[str, tuple[list[float], dict[str, float | None]]]] = {}
 
     def point(out: str, argv: list[str]) -> list[dict[str, Any]]:
         return sims.point(os.path.join(args.out, out), argv)

@@ -250,66 +250,86 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
     return lines
 
 
+def _seed_capacity_cell(cap: float | None, rates: list[float]) -> str:
+    """A capacity found on the check's ``rates``: below its lowest rate, or
+    at least its highest (the check ran no rate above it)."""
+    if cap is None:
+        return f"< {rates[0]:g}/min"
+    return f">= {cap:g}/min" if cap == rates[-1] else f"{cap:g}/min"
+
+
+def _seed_ratio(cap: float | None, stock: float | None, rates: list[float]) -> str | None:
+    """``cap`` over stock + native offloading's ``stock`` on the check's
+    ``rates``, as a bound where either is outside them: stock below the
+    lowest rate makes the ratio more than ``cap / lowest``; ``cap`` at the
+    highest rate makes it at least ``cap / stock``. None: no ratio (the arm
+    sustains none of the rates)."""
+    if cap is None:
+        return None
+    if stock is None:
+        return f"> {cap / rates[0]:.2f}x"
+    return f"{'>= ' if cap == rates[-1] else ''}{cap / stock:.2f}x"
+
+
 def seed_check_section(
     prof: str, tier: str, seed7: dict[str, float | None], checks: dict[str, tuple[dict[str, tuple[float, int]],
                                                                            list[dict[str, Any]]]], slo: Slo,
-) -> tuple[list[str], dict[str, dict[str, float | None]]]:
+) -> tuple[list[str], dict[str, tuple[list[float], dict[str, float | None]]]]:
     """The seed check's table for ``prof`` at ``tier`` GiB: per arm of
     ``SEED_CHECK_ARMS``, its capacity and ratio over stock + native
-    offloading on seed 7 (``seed7``: the main sweep's capacities, by table
-    name) and on each seed of ``checks`` (seed -> its solo JCTs and points),
-    with that seed's attainment per rate. A capacity below the check's
-    lowest rate is shown as ``< R``. Returns the lines and, per seed, each
-    arm's capacity (None: below the lowest rate)."""
+    offloading on each seed of ``checks`` (seed -> its solo JCTs and
+    points), with that seed's attainment per rate, beside seed 7's
+    (``seed7``: the main sweep's capacities, by table name). A capacity
+    outside the check's rates is shown as a bound (``< R``, ``>= R``), and
+    so is a ratio that depends on one. Returns the lines and, per seed, the
+    rates it ran and each arm's capacity (None: below the lowest rate)."""
     name = {arm: f"{arm} ({tier} GiB)" for arm in SEED_CHECK_ARMS}
     lines = [f"### Another draw of sessions, {prof}, {tier} GiB", "",
              "The same arms on other Claude Code sessions and arrival times (another seed of the same traces), at the "
              "rates around their capacities: does each ratio hold beyond seed 7's 50 sessions? Share of sessions "
-             "keeping the SLO per rate, judged against each seed's own solo runs.", ""]
-    found: dict[str, dict[str, float | None]] = {}
+             "keeping the SLO per rate, judged against each seed's own solo runs; a capacity outside the rates run "
+             "here is a bound, and so is a ratio that depends on one.", ""]
+    found: dict[str, tuple[list[float], dict[str, float | None]]] = {}
     for seed, (solo, pts) in checks.items():
         rates = rates_run(pts)
-        caps: dict[str, float | None] = {}
+        shares = {arm: {r: attainment(p, solo, slo) for r, p in arm_series(pts, arm).items()}
+                  for arm in SEED_CHECK_ARMS}
+        caps = {arm: capacity(shares[arm], slo) for arm in SEED_CHECK_ARMS}
+        stock, stock7 = caps["native-offload"], seed7.get(name["native-offload"])
         lines += [f"| arm (seed {seed}) | " + " | ".join(f"{r:g}/min" for r in rates)
                   + " | capacity | vs stock + native | seed 7: capacity | vs stock + native |",
                   "|---|" + "---:|" * (len(rates) + 4)]
         for arm in SEED_CHECK_ARMS:
-            series = arm_series(pts, arm)
-            shares = {r: attainment(p, solo, slo) for r, p in series.items()}
-            caps[arm] = capacity(shares, slo)
-        stock, stock7 = caps.get("native-offload"), seed7.get(name["native-offload"])
-        for arm in SEED_CHECK_ARMS:
-            series = arm_series(pts, arm)
-            cells = []
-            for r in rates:
-                share = attainment(series[r], solo, slo) if r in series else None
-                cells.append("-" if share is None else f"{share:.0%}")
-            cap, cap7 = caps[arm], seed7.get(name[arm])
-            shown = f"< {rates[0]:g}/min" if cap is None else f"{cap:g}/min"
-            ratio = f"{cap / stock:.2f}x" if cap and stock else "-"
-            ratio7 = f"{cap7 / stock7:.2f}x" if cap7 and stock7 else "-"
-            lines.append(f"| {name[arm]} | " + " | ".join(cells)
-                         + f" | {shown} | {ratio} | {'none' if cap7 is None else f'{cap7:g}/min'} | {ratio7} |")
+            cells = ["-" if shares[arm].get(r) is None else f"{shares[arm][r]:.0%}" for r in rates]
+            cap7 = seed7.get(name[arm])
+            ratio = _seed_ratio(caps[arm], stock, rates) if arm != "native-offload" else None
+            ratio7 = f"{cap7 / stock7:.2f}x" if cap7 and stock7 and arm != "native-offload" else None
+            lines.append(f"| {name[arm]} | " + " | ".join(cells) + f" | {_seed_capacity_cell(caps[arm], rates)} "
+                         f"| {ratio or '-'} | {'none' if cap7 is None else f'{cap7:g}/min'} | {ratio7 or '-'} |")
         lines.append("")
-        found[seed] = caps
+        found[seed] = (rates, caps)
     return lines, found
 
 
-def seed_check_readme(found: dict[str, dict[str, dict[str, float | None]]]) -> list[str]:
+def seed_check_readme(found: dict[str, dict[str, tuple[list[float], dict[str, float | None]]]]) -> list[str]:
     """README's line on the seed check: per profile and seed, the plugin
     arms' capacity ratios over stock + native offloading at
-    ``SEED_CHECK_TIER`` GiB (empty when nothing was checked)."""
+    ``SEED_CHECK_TIER`` GiB, bounds as the page gives them (empty when
+    nothing was checked)."""
     parts = []
     for prof, by_seed in found.items():
-        for seed, caps in by_seed.items():
+        for seed, (rates, caps) in by_seed.items():
             stock = caps.get("native-offload")
-            ratios = ", ".join(
-                f"{arm} " + (f"{caps[arm] / stock:.2f}x" if caps.get(arm) and stock else "below the check's rates")
-                for arm in SEED_CHECK_ARMS if arm != "native-offload")
-            parts.append(f"{prof} (seed {seed}): {ratios}")
+            cells = []
+            for arm in (a for a in SEED_CHECK_ARMS if a != "native-offload"):
+                ratio = _seed_ratio(caps.get(arm), stock, rates)
+                cells.append(f"{arm} " + (ratio or f"below {rates[0]:g}/min"))
+            note = "" if stock is not None else f"; stock + native offloading below {rates[0]:g}/min"
+            parts.append(f"{prof} (seed {seed}): " + ", ".join(cells) + note)
     if not parts:
         return []
-    return ["", f"On another draw of sessions ({SEED_CHECK_TIER} GiB, over `native-offload`): " + "; ".join(parts) + "."]
+    return ["", f"On another draw of sessions ({SEED_CHECK_TIER} GiB, over `native-offload`): "
+            + "; ".join(parts) + "."]
 
 
 def readme_body(capacities: dict[str, dict[str, float | None]], slo: Slo, doc: str,

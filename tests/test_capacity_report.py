@@ -297,22 +297,41 @@ def test_rate_lists_merge_sorted_without_repeats():
 def test_the_seed_check_gives_each_arms_capacity_and_ratio_on_another_draw_beside_seed_7s():
     solo = {f"j{i}": (100.0, 1000) for i in range(10)}
     fine, slow = [110.0] * 10, [110.0] * 8 + [200.0] * 2  # 100% and 80% keep the SLO
-    pts = [_point("native-offload", 0.3, fine), _point("native-offload", 0.4, slow),
+    pts = [_point("native-offload", 0.3, fine), _point("native-offload", 0.4, slow), _point("native-offload", 0.5, slow),
            _point("continuum-native-offload", 0.3, fine), _point("continuum-native-offload", 0.4, fine),
-           _point("continuum-offload-victim", 0.3, slow), _point("continuum-offload-victim", 0.4, fine)]
+           _point("continuum-native-offload", 0.5, slow),
+           _point("continuum-offload-victim", 0.3, slow), _point("continuum-offload-victim", 0.4, fine),
+           _point("continuum-offload-victim", 0.5, fine)]
     seed7 = {"native-offload (64 GiB)": 0.35, "continuum-native-offload (64 GiB)": 0.35,
              "continuum-offload-victim (64 GiB)": 0.45}
     lines, found = sec.seed_check_section("h100-llama8b", "64", seed7, {"8": (solo, pts)}, SLO)
-    assert found == {"8": {"native-offload": 0.3, "continuum-native-offload": 0.4, "continuum-offload-victim": None}}
+    assert found == {"8": ([0.3, 0.4, 0.5], {"native-offload": 0.3, "continuum-native-offload": 0.4,
+                                               "continuum-offload-victim": None})}
     text = "\n".join(lines)
     # Seed 8's capacity and ratio over stock + native offloading, then seed 7's.
-    assert "| continuum-native-offload (64 GiB) | 100% | 100% | 0.4/min | 1.33x | 0.35/min | 1.00x |" in text
+    assert "| continuum-native-offload (64 GiB) | 100% | 100% | 80% | 0.4/min | 1.33x | 0.35/min | 1.00x |" in text
     # A miss at the lowest rate: below what the check ran, not "0".
-    assert "| continuum-offload-victim (64 GiB) | 80% | 100% | < 0.3/min | - | 0.45/min | 1.29x |" in text
+    assert "| continuum-offload-victim (64 GiB) | 80% | 100% | 100% | < 0.3/min | - | 0.45/min | 1.29x |" in text
     readme = sec.seed_check_readme({"h100-llama8b": found})
     assert readme[-1] == ("On another draw of sessions (64 GiB, over `native-offload`): h100-llama8b (seed 8): "
-                          "continuum-native-offload 1.33x, continuum-offload-victim below the check's rates.")
+                          "continuum-native-offload 1.33x, continuum-offload-victim below 0.3/min.")
     assert sec.seed_check_readme({}) == []
+
+
+def test_a_seed_check_capacity_outside_its_rates_is_a_bound_and_so_is_its_ratio():
+    solo = {f"j{i}": (100.0, 1000) for i in range(10)}
+    fine, slow = [110.0] * 10, [110.0] * 8 + [200.0] * 2
+    pts = [_point("native-offload", 0.3, slow), _point("native-offload", 0.5, slow),
+           _point("continuum-native-offload", 0.3, slow), _point("continuum-native-offload", 0.5, fine),
+           _point("continuum-offload-victim", 0.3, fine), _point("continuum-offload-victim", 0.5, fine)]
+    lines, found = sec.seed_check_section("h100-llama8b", "64", {}, {"8": (solo, pts)}, SLO)
+    text = "\n".join(lines)
+    # Stock sustains none of the rates: the victim tier's 0.5 is more than 0.5 / 0.3 of it, and at least 0.5.
+    assert "| continuum-offload-victim (64 GiB) | 100% | 100% | >= 0.5/min | > 1.67x | none | - |" in text
+    assert "| native-offload (64 GiB) | 80% | 80% | < 0.3/min | - | none | - |" in text
+    assert sec.seed_check_readme({"h100-llama8b": found})[-1].endswith(
+        "continuum-native-offload below 0.3/min, continuum-offload-victim > 1.67x; "
+        "stock + native offloading below 0.3/min.")
 
 
 def test_the_seed_check_refuses_seed_7_or_a_non_number(tmp_path):
