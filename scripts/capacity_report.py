@@ -48,9 +48,9 @@ shown to hold on other sessions, or not.
 
 The arms and the scoring live in ``scripts/capacity_scoring.py``, the
 page's sections in ``scripts/capacity_sections.py``; this script runs the
-points and writes the page. Every figure comes from the results.json files this script makes (reused
-when a file holds the same command, so an interrupted run resumes); the
-commands are printed at the end.
+points and writes the page. Every figure comes from the results.json files
+this script makes (reused when a file holds the same command, so an
+interrupted run resumes); the commands are printed at the end.
 
     python scripts/capacity_report.py [--profiles h100-llama8b] [--rates 0.25,0.5,1,1.5,2]
 """
@@ -157,17 +157,17 @@ def main(argv: list[str] | None = None) -> int:
     slo = Slo(args.ttft_slo, args.jct_slo, args.attainment)
     profiles = [p for p in args.profiles.split(",") if p]
     tiers = [t for t in args.tiers.split(",") if t]
-    sims = SimPoints(["--step-model", args.step_model, "--seed", "7", "--workers", "2"])
     check_seeds = [x.strip() for x in args.check_seeds.split(",") if x.strip()]
     for seed in check_seeds:
         if not seed.isdigit() or seed == "7":
             raise SystemExit(f"--check-seeds: {seed!r} is not a seed other than 7 (a non-negative integer)")
-    seed_sims = {seed: SimPoints(["--step-model", args.step_model, "--seed", seed, "--workers", "2"])
-                 for seed in check_seeds}
+    sims, *checked = [SimPoints(["--step-model", args.step_model, "--seed", seed, "--workers", "2"])
+                      for seed in ("7", *check_seeds)]
+    seed_sims = dict(zip(check_seeds, checked))
     seed_found: dict[str, dict[str, tuple[list[float], dict[str, float | None]]]] = {}
 
-    def point(out: str, argv: list[str]) -> list[dict[str, Any]]:
-        return sims.point(os.path.join(args.out, out), argv)
+    def point(out: str, argv: list[str], on: SimPoints = sims) -> list[dict[str, Any]]:
+        return on.point(os.path.join(args.out, out), argv)
 
     lines = [
         "# Capacity: agent sessions per GPU at an SLO",
@@ -293,12 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         if seed_sims and SEED_CHECK_TIER in tiers and prof in SEED_CHECK_RATES:
             checks = {}
             for seed, ss in seed_sims.items():
-                at = os.path.join(args.out, f"seed{seed}")
-                seed_solo = solo_jcts(ss.point(os.path.join(at, f"{prof}-solo"), [
-                    *base, "--rate", f"{SOLO_RATE:g}", "--policies", "oracle"]))
-                checks[seed] = (seed_solo, ss.point(os.path.join(at, f"{prof}-offload-{SEED_CHECK_TIER}g"), [
+                seed_solo = solo_jcts(point(f"seed{seed}/{prof}-solo", [
+                    *base, "--rate", f"{SOLO_RATE:g}", "--policies", "oracle"], ss))
+                checks[seed] = (seed_solo, point(f"seed{seed}/{prof}-offload-{SEED_CHECK_TIER}g", [
                     *base, "--sweep-rate", SEED_CHECK_RATES[prof], "--policies", ",".join(SEED_CHECK_ARMS),
-                    "--offload-gib", SEED_CHECK_TIER]))
+                    "--offload-gib", SEED_CHECK_TIER], ss))
             section, seed_found[prof] = seed_check_section(prof, SEED_CHECK_TIER, caps_by_arm, checks, slo)
             lines += section
         plots.append((prof, shares))

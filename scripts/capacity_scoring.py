@@ -46,7 +46,10 @@ STATIC_CUT_ARMS = ("native-offload", "oracle")
 # seed 7's 50. Fewer arms and rates than the main sweep: a check, not a
 # second sweep.
 SEED_CHECK_TIER = "64"
-SEED_CHECK_ARMS = ("native-offload", "continuum-native-offload", "continuum-offload-victim")
+# The check's ratios are over this arm (stock + native offloading), as the
+# main table's offload ratios are (``reference_arm``).
+SEED_CHECK_REFERENCE = "native-offload"
+SEED_CHECK_ARMS = (SEED_CHECK_REFERENCE, "continuum-native-offload", "continuum-offload-victim")
 SEED_CHECK_RATES = {"h100-llama8b": "0.3,0.35,0.4,0.45,0.5", "h100-llama70b-tp4": "0.25,0.375,0.5"}
 # Sessions a minute at which the oracle serves each session about as it
 # would alone (they barely overlap): the JCT SLO's reference.

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from scripts.capacity_scoring import (
-    BASE_ARMS, EVICTED_ARMS, GPUS, OFFLOAD_ARMS, SEED_CHECK_ARMS, SEED_CHECK_TIER, VICTIM_ARM, Slo, arm_series,
-    attainment, capacity, misses, rates_run, reference_arm, static_cut,
+    BASE_ARMS, EVICTED_ARMS, GPUS, OFFLOAD_ARMS, SEED_CHECK_ARMS, SEED_CHECK_REFERENCE, SEED_CHECK_TIER, VICTIM_ARM,
+    Slo, arm_series, attainment, capacity, misses, rates_run, reference_arm, static_cut,
 )
 
 
@@ -295,15 +295,15 @@ def seed_check_section(
         shares = {arm: {r: attainment(p, solo, slo) for r, p in arm_series(pts, arm).items()}
                   for arm in SEED_CHECK_ARMS}
         caps = {arm: capacity(shares[arm], slo) for arm in SEED_CHECK_ARMS}
-        stock, stock7 = caps["native-offload"], seed7.get(name["native-offload"])
+        stock, stock7 = caps[SEED_CHECK_REFERENCE], seed7.get(name[SEED_CHECK_REFERENCE])
         lines += [f"| arm (seed {seed}) | " + " | ".join(f"{r:g}/min" for r in rates)
                   + " | capacity | vs stock + native | seed 7: capacity | vs stock + native |",
                   "|---|" + "---:|" * (len(rates) + 4)]
         for arm in SEED_CHECK_ARMS:
             cells = ["-" if shares[arm].get(r) is None else f"{shares[arm][r]:.0%}" for r in rates]
-            cap7 = seed7.get(name[arm])
-            ratio = _seed_ratio(caps[arm], stock, rates) if arm != "native-offload" else None
-            ratio7 = f"{cap7 / stock7:.2f}x" if cap7 and stock7 and arm != "native-offload" else None
+            cap7, compared = seed7.get(name[arm]), arm != SEED_CHECK_REFERENCE
+            ratio = _seed_ratio(caps[arm], stock, rates) if compared else None
+            ratio7 = f"{cap7 / stock7:.2f}x" if cap7 and stock7 and compared else None
             lines.append(f"| {name[arm]} | " + " | ".join(cells) + f" | {_seed_capacity_cell(caps[arm], rates)} "
                          f"| {ratio or '-'} | {'none' if cap7 is None else f'{cap7:g}/min'} | {ratio7 or '-'} |")
         lines.append("")
@@ -319,16 +319,16 @@ def seed_check_readme(found: dict[str, dict[str, tuple[list[float], dict[str, fl
     parts = []
     for prof, by_seed in found.items():
         for seed, (rates, caps) in by_seed.items():
-            stock = caps.get("native-offload")
+            stock = caps.get(SEED_CHECK_REFERENCE)
             cells = []
-            for arm in (a for a in SEED_CHECK_ARMS if a != "native-offload"):
+            for arm in (a for a in SEED_CHECK_ARMS if a != SEED_CHECK_REFERENCE):
                 ratio = _seed_ratio(caps.get(arm), stock, rates)
                 cells.append(f"{arm} " + (ratio or f"below {rates[0]:g}/min"))
             note = "" if stock is not None else f"; stock + native offloading below {rates[0]:g}/min"
             parts.append(f"{prof} (seed {seed}): " + ", ".join(cells) + note)
     if not parts:
         return []
-    return ["", f"On another draw of sessions ({SEED_CHECK_TIER} GiB, over `native-offload`): "
+    return ["", f"On another draw of sessions ({SEED_CHECK_TIER} GiB, over `{SEED_CHECK_REFERENCE}`): "
             + "; ".join(parts) + "."]
 
 

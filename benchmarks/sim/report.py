@@ -61,7 +61,7 @@ class ArmSummary:
     loaded_tokens: int = 0  # KV reloaded from host memory (offload arms)
     stored_tokens: int = 0
     gap_closed: float | None = None  # share of the fcfs→oracle mean-JCT gap
-    # Per job (session or sub-agent), for SLO attainment (scripts/capacity_report.py):
+    # Per job (session or sub-agent), for SLO attainment (scripts/capacity_scoring.py):
     # {"job", "arrival_s", "jct_s", "turns", "ttft_p90_s", "ttft_max_s", "tokens"}
     # (tokens: prompt + output of its turns).
     sessions: tuple[dict[str, Any], ...] = ()
