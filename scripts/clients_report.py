@@ -14,7 +14,10 @@ of those as a client profile over the same arrivals:
   next prompts drop;
 * at the high loads, ``aiperf-last-step``: ``aiperf`` with each
   conversation's last request flagged ``is_last_step`` -- how much of
-  ``aiperf``'s shortfall is the session end it never sends.
+  ``aiperf``'s shortfall is the session end it never sends;
+* ``no-header`` and ``aiperf-no-header``: ``headers-only``'s and
+  ``aiperf``'s requests with no session id at all (implicit jobs), in points
+  of their own.
 
 For each GPU profile (H100 + Llama-3.1-8B; 4x H100 + Llama-3.1-70B, TP4) and
 each workload (the shipped Claude Code trace subset with its sub-agents and a
@@ -55,6 +58,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README_BEGIN = "<!-- clients-report: written by scripts/clients_report.py -->"
 README_END = "<!-- /clients-report -->"
 CLIENT_PROFILES = ("tagged", "headers-only", "aiperf", "reasoning")
+# The same clients without any session id (``no-header``: ``headers-only``'s
+# requests; ``aiperf-no-header``: ``aiperf``'s): the plugin has only the
+# prompts to go by (implicit jobs). Their own points, beside the others.
+NO_HEADER_PROFILES = ("no-header", "aiperf-no-header")
 # ``aiperf`` with each conversation's last request flagged (``is_last_step``):
 # run at the high loads beside the profiles above, to tell how much of the
 # ``aiperf`` client's shortfall is the session end it never sends.
@@ -95,15 +102,16 @@ WORKLOADS = (
 )
 
 
-def client_table(points: list[dict], caps: list[dict]) -> list[str]:
-    """One row per (client profile, policy), then the fixed caps: each
-    profile's own FCFS and oracle give ``vs FCFS`` and ``gap closed``;
-    ``vs tagged`` compares a policy with itself under the tagged client."""
+def client_table(points: list[dict], caps: list[dict], clients: tuple[str, ...] = CLIENT_PROFILES) -> list[str]:
+    """One row per (client profile of ``clients``, policy), then the fixed
+    caps: each profile's own FCFS and oracle give ``vs FCFS`` and ``gap
+    closed``; ``vs tagged`` compares a policy with itself under the tagged
+    client (``points`` holds the tagged client's too)."""
     rows = ["| client | policy | JCT mean s | vs FCFS | vs tagged | JCT p90 s | TTFT mean s | hit share "
             "| pins (handoff / expired / pressure) | gap closed |",
             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     by = {(p["client"], p["arm"]): p for p in points}
-    for client in CLIENT_PROFILES:
+    for client in clients:
         fcfs = by[(client, "fcfs")]
         for arm in CLIENT_ARMS:
             p, tagged = by[(client, arm)], by[("tagged", arm)]
@@ -139,15 +147,16 @@ def _bars(c: dict, fcfs: dict, tagged_gap: float, best_cap: dict) -> list[str]:
     ]
 
 
-def high_verdict(points: list[dict], caps: list[dict], spread: bool) -> list[str]:
-    """The high-load bars, one line per client profile, each check stated
-    with the figure it rests on and whether it holds."""
+def high_verdict(points: list[dict], caps: list[dict], spread: bool,
+                 clients: tuple[str, ...] = CLIENT_PROFILES) -> list[str]:
+    """The high-load bars, one line per client profile of ``clients``, each
+    check stated with the figure it rests on and whether it holds."""
     by = {(p["client"], p["arm"]): p for p in points}
     best_cap = min(caps, key=lambda p: p["jct_mean_s"])
     tagged_gap = by[("tagged", "continuum")]["gap_closed"]
     lines = [f"FCFS's hit share {by[('tagged', 'fcfs')]['hit_share']:.1%}; the best fixed cap is "
              f"`{best_cap['arm']}` at {best_cap['jct_mean_s']:.1f} s."]
-    for client in CLIENT_PROFILES:
+    for client in clients:
         c, fcfs = by[(client, "continuum")], by[(client, "fcfs")]
         checks = _bars(c, fcfs, tagged_gap, best_cap)
         if spread and client == "headers-only":
@@ -185,15 +194,18 @@ def last_step_lines(points: list[dict], last_points: list[dict], caps: list[dict
     return [*rows, "", f"- `{LAST_STEP_PROFILE}` continuum: " + "; ".join(checks) + recovered + "."]
 
 
-def summary_row(title: str, points: list[dict], caps: list[dict], last_points: list[dict] = ()) -> str:
+def summary_row(title: str, points: list[dict], caps: list[dict], last_points: list[dict] = (),
+                no_header_points: list[dict] = ()) -> str:
     """README's row for a high-load point: per client profile (then
-    ``aiperf-last-step``, from ``last_points``), Continuum's share of the gap
-    and its speed-up over FCFS, next to the best cap's."""
-    by = {(p["client"], p["arm"]): p for p in [*points, *last_points]}
+    ``aiperf-last-step``, from ``last_points``, and the clients without a
+    session id, from ``no_header_points``), Continuum's share of the gap and
+    its speed-up over FCFS, next to the best cap's."""
+    by = {(p["client"], p["arm"]): p for p in [*points, *last_points, *no_header_points]}
     fcfs, oracle = by[("tagged", "fcfs")]["jct_mean_s"], by[("tagged", "oracle")]["jct_mean_s"]
     best = min(caps, key=lambda p: p["jct_mean_s"])
     cells = [f"{(fcfs - best['jct_mean_s']) / (fcfs - oracle):+.0%} ({best['arm']})"]
-    for client in (*CLIENT_PROFILES, *((LAST_STEP_PROFILE,) if last_points else ())):
+    for client in (*CLIENT_PROFILES, *((LAST_STEP_PROFILE,) if last_points else ()),
+                   *(NO_HEADER_PROFILES if no_header_points else ())):
         c, f = by[(client, "continuum")], by[(client, "fcfs")]
         cells.append(f"{c['gap_closed']:+.0%} ({f['jct_mean_s'] / c['jct_mean_s']:.2f}x)")
     return f"| {title} | {by[('tagged', 'fcfs')]['hit_share']:.0%} | " + " | ".join(cells) + " |"
@@ -208,19 +220,20 @@ def write_readme_block(readme: str, rows: list[str], doc: str) -> None:
         "and its speed-up over FCFS under each client profile, next to plain admission at its best fixed",
         "cap. `aiperf, last turn flagged`: AIPerf's requests with `is_last_step: true` on each session's",
         "last one (AIPerf's prose replies never say a session ended; its per-turn `extra` can carry the",
-        f"flag). Low loads, the profiles and the commands: [{rel}]({rel}).",
+        "flag). `no header`, `aiperf, no header`: `headers-only`'s and `aiperf`'s requests without any",
+        f"session id. Low loads, the profiles and the commands: [{rel}]({rel}).",
         "",
         "| workload, GPU, sessions/min | FCFS hit share | best fixed cap | tagged | headers-only | aiperf | reasoning "
-        "| aiperf, last turn flagged |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| aiperf, last turn flagged | no header | aiperf, no header |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ])
 
 
-def low_verdict(points: list[dict]) -> list[str]:
+def low_verdict(points: list[dict], clients: tuple[str, ...] = CLIENT_PROFILES) -> list[str]:
     by = {(p["client"], p["arm"]): p for p in points}
     out = []
-    for client in CLIENT_PROFILES:
+    for client in clients:
         diff = by[(client, "continuum")]["jct_mean_s"] / by[(client, "fcfs")]["jct_mean_s"] - 1
         out.append(f"- `{client}` continuum: " + _check(abs(diff) <= LOW_LOAD_TOLERANCE,
                                                          f"{diff:+.2%} mean JCT against FCFS (within 1%)") + ".")
@@ -260,6 +273,7 @@ def main() -> int:
         return sims.point(os.path.join(args.out, out), argv)
 
     clients = ["--policies", ",".join(CLIENT_ARMS), "--client", ",".join(CLIENT_PROFILES)]
+    no_header = ["--policies", ",".join(CLIENT_ARMS), "--client", ",".join(NO_HEADER_PROFILES)]
     lines = [
         "# What real clients get: client profiles in the simulator",
         "",
@@ -289,6 +303,13 @@ def main() -> int:
         "request body) can carry the flag; its `weka_trace` replay sends none. FCFS and the oracle do not",
         "read it. The difference between the two rows is what the missing session end costs.",
         "",
+        "`no-header` and `aiperf-no-header` send `headers-only`'s and `aiperf`'s requests without any",
+        "session id (AIPerf without `--session-header`, a client behind a proxy that drops headers): the",
+        "plugin has only the prompts to go by. An untagged turn is an implicit job's next turn when its",
+        "prompt continues that turn's prompt by shared prefix (docs/clients.md); an answer continued so",
+        "starts a chat, kept like a session's; an untagged request that continues nothing passes the",
+        "admission gate as a newcomer. They run on the same arrivals, in points of their own.",
+        "",
     ]
     for wl in WORKLOADS:
         if wl.key not in wanted:
@@ -305,7 +326,9 @@ def main() -> int:
             if wl.low_sessions is not None:
                 low_argv += ["--sessions", str(wl.low_sessions)]
             low_pts = point(f"{wl.key}-{prof}-low", [*low_argv, *clients])
-            summary.append(summary_row(f"{wl.key}, {prof}, {high:g}", pts, caps, last_pts))
+            nh_pts = point(f"{wl.key}-{prof}-high-no-header", [*high_argv, *no_header])
+            nh_low = point(f"{wl.key}-{prof}-low-no-header", [*low_argv, *no_header])
+            summary.append(summary_row(f"{wl.key}, {prof}, {high:g}", pts, caps, last_pts, nh_pts))
             lines += [
                 f"## {wl.title}, {prof}, {high:g} sessions/min", "",
                 *client_table(pts, caps), "",
@@ -316,6 +339,12 @@ def main() -> int:
                 + (f", the first {wl.low_sessions} sessions" if wl.low_sessions else ""), "",
                 *client_table(low_pts, []), "",
                 *low_verdict(low_pts), "",
+                "### No session id at all", "",
+                *client_table([*pts, *nh_pts], [], NO_HEADER_PROFILES), "",
+                *high_verdict([*pts, *nh_pts], caps, spread=False, clients=NO_HEADER_PROFILES)[1:], "",
+                f"At {low:g} sessions/min:", "",
+                *client_table([*low_pts, *nh_low], [], NO_HEADER_PROFILES), "",
+                *low_verdict(nh_low, NO_HEADER_PROFILES), "",
             ]
     sims.write(args.doc, lines, "clients_report")
     if args.readme:

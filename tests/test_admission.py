@@ -1,7 +1,8 @@
 """The admission gate on a real vLLM Scheduler and block pool.
 
 A new job's first turn waits while the contexts of the jobs under way fill
-the pool; a job's later turns and requests without a job id never wait; a
+the pool, and so does an untagged request that continues nothing; a job's
+later turns and an untagged request's continuation never wait; a
 held turn passes when it is overdue, when the jobs under way go quiet or
 end, and whenever nothing runs. Time is the scheduler's manual clock.
 """
@@ -314,3 +315,33 @@ def test_the_plugins_connector_sizes_its_tier_as_the_connector_parses_it():
         kv_connector="ContinuumOffloadConnector", kv_role="kv_both",
         kv_connector_extra_config={"cpu_bytes": "lots"}))
     assert tier_capacity(bad, s.kv_cache_config) is None  # the connector refuses it at start-up
+
+
+@pytest.mark.parametrize("untagged", [True, False], ids=["gated", "admission_untagged-off"])
+def test_an_untagged_newcomer_waits_like_a_new_jobs_first_turn(untagged):
+    # A chat or agent that sends no session id: whether it is a session shows
+    # only at its next turn, and admitting it over job "a" costs a's context
+    # all the same.
+    s, _, _, chat, newcomer = _gated({"admission_untagged": untagged})
+    stranger = make_request(prompt_of(700, NEW_TOKENS), max_tokens=4)  # no job id, no header
+    s.add_request(stranger)
+    for _ in range(3):
+        step(s)
+    assert _scheduled(s, stranger) is not untagged
+    s.clock.advance(3600.0)  # overdue either way
+    _drain(s, stranger, chat, newcomer)
+
+
+def test_an_untagged_requests_next_turn_is_never_held():
+    # The stranger's next turn continues it (an implicit chat): a job's later
+    # turn, never held, however full the pool.
+    s = make_scheduler(num_blocks=POOL, max_num_seqs=4, continuum={"default_ttl_s": 1.0})
+    first = make_request(prompt_of(700, 20 * BLOCK), max_tokens=2)
+    s.add_request(first)
+    run_until_finished(s, [first])
+    first_turn(s, "a", length=A_TOKENS)  # job "a" fills the pool now
+    follow_up = make_request(prompt_of(700, 20 * BLOCK) + prompt_of(701, 12 * BLOCK), max_tokens=2)
+    s.add_request(follow_up)
+    step(s)
+    assert _scheduled(s, follow_up)
+    _drain(s, follow_up)

@@ -12,7 +12,7 @@ import random
 import pytest
 from harness import make_request
 
-from vllm_continuum_plugin.implicit_jobs import ImplicitJobIndex, is_implicit_job
+from vllm_continuum_plugin.implicit_jobs import ImplicitJobIndex, is_implicit_chat, is_implicit_job
 
 BS = 16
 EOS = 2
@@ -86,21 +86,33 @@ def test_jobs_sharing_a_system_prompt_and_task_are_never_confused():
     assert match(idx, nxt_a) == a
 
 
-def test_the_match_covers_the_reply_even_inside_a_partial_block():
+def test_the_text_match_covers_the_reply_even_inside_a_partial_block():
+    # Two jobs whose prompts end inside the same partial block: the reply's
+    # text, not the block, tells them apart.
     idx = index()
-    first = Turn(SYSTEM[:60], [600, 601, 602])  # the reply straddles a block boundary
-    register(idx, first)
-    edited = SYSTEM[:60] + [600, 601, 666, 3, 800]  # reply edited in the history
-    assert match(idx, edited) is None
-    assert len(idx) == 1  # a failed match leaves the entry
+    a = register(idx, Turn(SYSTEM[:60], [600, 601, 602]))  # the reply straddles a block boundary
+    b = register(idx, Turn(SYSTEM[:60], [600, 601, 666]))
+    assert match(idx, SYSTEM[:60] + [600, 601, 666, 3, 800]) == b
+    assert match(idx, SYSTEM[:60] + [600, 601, 602, 3, 800]) == a
+
+
+def test_an_edited_reply_still_continues_its_turn_by_prefix():
+    # The history re-sends the prompt but not the reply as sampled (a
+    # template that re-renders it, AIPerf that does not append it): the
+    # prompt's blocks are the context kept, so it is the next turn.
+    idx = index()
+    job = register(idx, Turn(SYSTEM[:60], [600, 601, 602]))
+    edited = SYSTEM[:60] + [600, 601, 666, 3, 800]
+    assert match(idx, edited) == job
 
 
 def test_a_resend_of_the_same_prompt_is_not_a_continuation():
     idx = index()
     first = turn(SYSTEM, [500], [600, 601])
     register(idx, first)
-    prompt_only = first[:-1]  # the same turn's tokens, nothing new after the reply
-    assert match(idx, prompt_only) is None
+    assert match(idx, first[: first.num_prompt]) is None  # the same prompt again: a retry
+    assert match(idx, first[: first.num_prompt - 3]) is None  # shorter: a rewrite, nothing new
+    assert len(idx) == 1  # a failed match leaves the entry
 
 
 def test_two_jobs_with_identical_turns_cannot_be_told_apart_so_neither_is_kept():
@@ -207,6 +219,11 @@ def test_random_traffic_keeps_the_counts_exact():
         assert {sc: len(jobs) for sc, jobs in idx._by_scope.items()} == {
             sc: sum(1 for e in entries if e.scope == sc) for sc in counted}
         assert sum(len(v) for v in idx._by_key.values()) == len(entries)
+        # A recorded holder is a live entry of its scope that holds the block.
+        for sc, holders in idx._holder.items():
+            for h, holder in holders.items():
+                assert idx._turns[holder].scope == sc and h in idx._turns[holder].block_hashes
+        assert set(idx._holder) == set(idx._known)
         live = {j: t for j, t in live.items() if j in idx._turns}
 
 
@@ -255,3 +272,83 @@ def test_a_full_index_evicts_from_the_scope_that_holds_the_most(bound):
         assert len(idx) <= 6 and idx.num_blocks <= 24
     nxt = victim_turn + [3, 800]
     assert idx.match(hashes(nxt), nxt, decode, scope="alice") == victim
+
+
+# -- by shared prefix -------------------------------------------------------
+LONG_SYSTEM = list(range(1000, 1000 + 96))  # six blocks every session shares
+TASK_A = list(range(2000, 2000 + 64))  # four blocks of a task
+TASK_B = list(range(3000, 3000 + 64))
+
+
+def test_a_prompt_rebuilt_without_the_tail_block_or_the_reply_continues_by_prefix():
+    # AIPerf's hash-block prompts: the previous prompt's full blocks, then
+    # fresh content; its partial tail and the reply are not re-sent.
+    idx = index()
+    prompt = LONG_SYSTEM + TASK_A + [7, 8, 9]  # a partial last block
+    job = register(idx, Turn(prompt, [600, 601]))
+    rebuilt = LONG_SYSTEM + TASK_A + list(range(4000, 4040))
+    assert match(idx, rebuilt) == job
+    assert len(idx) == 0
+
+
+def test_a_rewritten_last_block_still_continues_by_prefix():
+    # A reminder or a cache-control edit rewrites the tail of the history.
+    idx = index()
+    job = register(idx, Turn(LONG_SYSTEM + TASK_A, [600, 601]))
+    rewritten = LONG_SYSTEM + TASK_A[:48] + list(range(5000, 5040))
+    assert match(idx, rewritten) == job
+
+
+def test_a_compacted_history_is_not_a_continuation():
+    idx = index()
+    register(idx, Turn(LONG_SYSTEM + TASK_A + TASK_B, [600]))
+    # Re-sends the system prompt and a quarter of the rest: a summary, not the context.
+    compacted = LONG_SYSTEM + TASK_A[:32] + list(range(6000, 6100))
+    assert match(idx, compacted) is None
+    assert len(idx) == 1
+
+
+def test_a_prefix_two_turns_hold_continues_neither():
+    # Two sessions with one system prompt: a third that shares only it is
+    # nobody's next turn.
+    idx = index()
+    register(idx, Turn(LONG_SYSTEM + TASK_A, [600]))
+    register(idx, Turn(LONG_SYSTEM + TASK_B, [600]))
+    stranger = LONG_SYSTEM + list(range(7000, 7080))
+    assert match(idx, stranger) is None
+    assert len(idx) == 2
+
+
+def test_sharing_only_what_the_turn_shared_when_registered_continues_nothing():
+    # The turn's base (the system prompt another turn held) stays its base
+    # when that other turn is gone: sharing it is no continuation.
+    idx = index()
+    other = register(idx, Turn(LONG_SYSTEM + TASK_B, [600]))
+    register(idx, Turn(LONG_SYSTEM + TASK_A[:16], [600]))  # base: six blocks, own: one
+    idx.forget(other)
+    stranger = LONG_SYSTEM + list(range(7000, 7080))
+    assert match(idx, stranger) is None
+
+
+def test_another_scope_cannot_continue_a_turn_by_prefix():
+    idx = index()
+    job = scoped(idx, Turn(LONG_SYSTEM + TASK_A, [600]), "alice")
+    rebuilt = LONG_SYSTEM + TASK_A + list(range(4000, 4040))
+    assert idx.match(hashes(rebuilt), rebuilt, decode, scope="mallory") is None
+    assert idx.match(hashes(rebuilt), rebuilt, decode, scope="alice") == job
+
+
+def test_an_answer_registers_as_a_chat_found_by_prefix_without_decoding():
+    idx = index()
+    answer = Turn(LONG_SYSTEM + TASK_A, [600, 601])
+    request = make_request(list(answer), block_size=BS)
+    request.num_prompt_tokens = answer.num_prompt
+    assert idx.register_answer(request, stop_token_ids={EOS})
+    job = next(iter(idx._turns))
+    assert is_implicit_job(job) and is_implicit_chat(job)
+
+    def no_decode(ids):
+        raise AssertionError("an answer's turn is matched without decoding")
+
+    follow_up = list(answer) + [3, 800, 801]
+    assert idx.match(hashes(follow_up), follow_up, no_decode) == job

@@ -25,7 +25,7 @@ from harness import (
 )
 from vllm.v1.request import RequestStatus
 
-from vllm_continuum_plugin.implicit_jobs import is_implicit_job
+from vllm_continuum_plugin.implicit_jobs import is_implicit_chat, is_implicit_job
 
 BLOCK = 16
 EOS = 2
@@ -265,4 +265,81 @@ def test_prompt_embeds_requests_calling_tools_are_served_as_stock_and_never_cras
         assert implicit_job_of(s, r) is None
     assert len(s.pins) == 0
     assert s.continuum_metrics.snapshot()["implicit_turns"] == {"started": 0, "continued": 0}
+    assert_all_blocks_free(s)
+
+
+# -- untagged chats: continued answers ---------------------------------------
+def hash_block_rebuild(prompt: list[int], fresh: list[int]) -> list[int]:
+    """The next prompt as AIPerf rebuilds it from hash blocks: the previous
+    prompt's full blocks, then fresh content (its partial tail block and the
+    reply are not re-sent)."""
+    return prompt[: len(prompt) // BLOCK * BLOCK] + fresh
+
+
+def test_an_untagged_answer_continued_by_prefix_becomes_a_chat_whose_context_is_kept():
+    s = make_scheduler(num_blocks=64, max_num_seqs=2)
+    p1 = SYSTEM + prompt_of(1, 30)
+    r1 = agent_turn(s, p1, PROSE)
+    assert implicit_job_of(s, r1) is None and len(s.pins) == 0  # one answer holds nothing
+    p2 = hash_block_rebuild(p1, prompt_of(2, 40))
+    r2 = agent_turn(s, p2, PROSE)
+    job = implicit_job_of(s, r2)
+    assert job is not None and is_implicit_chat(job)  # its second turn made it a chat
+    assert job in s.pins  # a chat's answer is kept for its next turn
+    pinned = s.pins.get(job).num_blocks
+    others = [make_request(prompt_of(100 + i, 150), max_tokens=4) for i in range(6)]
+    for r in others:
+        s.add_request(r)
+    run_until_finished(s, others)
+    s.clock.advance(2.0)  # the user reads, types
+    r3 = scripted(make_request(hash_block_rebuild(p2, prompt_of(3, 20)), max_tokens=len(PROSE)), PROSE)
+    s.add_request(r3)
+    assert implicit_job_of(s, r3) == job
+    assert admitted_cached_tokens(step(s), r3) == pinned * BLOCK
+    run_until_finished(s, [r3])
+    snap = s.continuum_metrics.snapshot()
+    assert snap["implicit_turns"] == {"started": 1, "continued": 2}
+    assert snap["tool_seconds"]["count"] == 1  # the gap before r3 was measured
+    s.clock.advance(3600.0)  # nobody comes back: the pin lapses
+    step(s)
+    assert_all_blocks_free(s)
+
+
+def test_one_shot_untagged_requests_sharing_a_system_prompt_hold_nothing():
+    s = make_scheduler(num_blocks=64, max_num_seqs=2)
+    for i in range(8):  # a batch job: one request each, one system prompt
+        r = agent_turn(s, SYSTEM + prompt_of(10 + i, 40), PROSE)
+        assert implicit_job_of(s, r) is None
+    snap = s.continuum_metrics.snapshot()
+    assert snap["pins_created"] == 0 and snap["implicit_turns"] == {"started": 0, "continued": 0}
+    assert_all_blocks_free(s)
+
+
+def test_a_stranger_sharing_only_the_system_prompt_continues_no_chat():
+    s = make_scheduler(num_blocks=96, max_num_seqs=2)
+    agent_turn(s, SYSTEM + prompt_of(1, 30), PROSE)
+    agent_turn(s, SYSTEM + prompt_of(2, 30), PROSE)
+    r = agent_turn(s, SYSTEM + prompt_of(3, 60), PROSE)  # longer, same system prompt
+    assert implicit_job_of(s, r) is None and len(s.pins) == 0
+    assert_all_blocks_free(s)
+
+
+def test_a_chat_answer_after_a_tool_call_is_followed_up_by_prefix():
+    # A chat that called a tool, then answered: the task ended, the user's
+    # next message still continues the chat (its state and rank stay).
+    s = make_scheduler(num_blocks=96, max_num_seqs=2)
+    p1 = SYSTEM + prompt_of(1, 30)
+    agent_turn(s, p1, PROSE)
+    p2 = hash_block_rebuild(p1, prompt_of(2, 40))
+    r2 = agent_turn(s, p2, LS)
+    job = implicit_job_of(s, r2)
+    assert is_implicit_chat(job) and s.pins.get(job).tool_key == "ls"
+    p3 = continuation(p2, LS, prompt_of(3, 20))
+    r3 = agent_turn(s, p3, PROSE)
+    assert implicit_job_of(s, r3) == job and job not in s.pins  # answered: no pin, LRU as stock
+    assert s.continuum_metrics.snapshot()["jobs_ended"]["final_answer"] == 1
+    r4 = agent_turn(s, hash_block_rebuild(p3, prompt_of(4, 20)), PROSE)
+    assert implicit_job_of(s, r4) == job
+    s.clock.advance(3600.0)
+    step(s)
     assert_all_blocks_free(s)

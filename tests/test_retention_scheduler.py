@@ -71,6 +71,9 @@ def test_a_directive_keeps_a_chat_prompt_through_a_flood_and_lapses_at_its_durat
             assert snap(s)["retention"]["honoured"] == 1
         else:
             assert hit == 0  # stock LRU: the flood took it
+        # ``again`` continued the first answer: an implicit chat now, whose
+        # answer is kept a while for its next turn (implicit_jobs); it lapses.
+        lapse(s, 3600)
         assert_all_blocks_free(s)
 
 
@@ -120,6 +123,7 @@ def test_low_priority_blocks_go_first_out_of_the_prefix_cache():
     b_again = make_request(prompt_of(5, 8 * BLOCK) + [9], max_tokens=2)
     s.add_request(b_again)
     assert run_for_hit(s, b_again) == 8 * BLOCK
+    lapse(s, 3600)  # b_again continued b: an implicit chat, kept a while
     assert_all_blocks_free(s)
 
 

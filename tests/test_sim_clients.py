@@ -103,6 +103,10 @@ def test_metadata_tagged_sends_every_flag_others_only_a_session() -> None:
     assert request_metadata(last_step, "j", False, "ls") == (None, "j")
     assert request_metadata(last_step, "j", True, "") == ({"is_last_step": True}, "j")
     assert request_metadata(last_step, "s/agent_001", True, "", "s") == ({"is_last_step": True}, "s")
+    # The no-header profiles: nothing at all, not even on a sub-agent or a last turn.
+    for name in ("no-header", "aiperf-no-header"):
+        assert request_metadata(CLIENTS[name], "j", True, "") == (None, None)
+        assert request_metadata(CLIENTS[name], "s/agent_001", False, "ls", "s") == (None, None)
 
 
 # ----------------------------------------------------------------------
@@ -483,6 +487,8 @@ def test_clients_report_writes_readme_block_between_its_markers(tmp_path) -> Non
     assert row == "| trace, h100-llama8b, 1 | 40% | +55% (fcfs-cap12) | +60% (1.43x) | +56% (1.39x) | +50% (1.33x) | -10% (0.95x) |"
     last = _client_points(report, {report.LAST_STEP_PROFILE: 142.0}, (report.LAST_STEP_PROFILE,))
     assert report.summary_row("t", pts, caps, last).endswith("| -10% (0.95x) | +58% (1.41x) |")
+    nh = _client_points(report, {"no-header": 146.0, "aiperf-no-header": 152.0}, report.NO_HEADER_PROFILES)
+    assert report.summary_row("t", pts, caps, last, nh).endswith("| +58% (1.41x) | +54% (1.37x) | +48% (1.32x) |")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report.README_BEGIN}\nold\n{report.README_END}\nafter\n")
     report.write_readme_block(str(readme), [row], str(tmp_path / "docs" / "retention_clients.md"))

@@ -48,10 +48,14 @@ pool, or with a host tier of known size the pool and the tier together
 left the GPU, since the tier holds it).
 
 The bound adapts to what the jobs hold, not to a count of sessions: many
-short contexts or a few long ones. Requests without a job id (chat), a
-job's later turns (a follow-up after an answer included: the job stays
-known) and a known session's new conversation (a sub-agent, a side request:
-the scheduler does not report them) are never held.
+short contexts or a few long ones. A job's later turns (a follow-up after
+an answer included: the job stays known), a known session's new
+conversation (a sub-agent, a side request) and an implicit job's turns (an
+untagged request that continues an earlier one) are never held: the
+scheduler does not report them. An untagged request that continues
+nothing is a newcomer like a new job's first turn (``admission_untagged``):
+whether it starts a session shows only at its next turn, and admitting it
+over the jobs under way costs them their contexts all the same.
 
 Bounds, so that no job starves and the engine never idles for it:
 

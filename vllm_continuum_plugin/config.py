@@ -111,6 +111,11 @@ class ContinuumConfig:
     # not as its context last seen: sessions grow after admission, and a
     # gate that counts them as last seen admits jobs that will not fit.
     admission_forecast: bool = True
+    # Admission: also hold an untagged request that continues no earlier
+    # untagged turn -- a new chat or agent that sends no session id -- as a
+    # new job's first turn (implicit_jobs must be on). Off: untagged
+    # traffic is never held (only what names a job is).
+    admission_untagged: bool = True
     # While a later turn of a job under way whose context is held heads the
     # waiting queue, cut each running prefill in that step to a share of the
     # token budget (vLLM's long_prefill_token_threshold, for that step only),

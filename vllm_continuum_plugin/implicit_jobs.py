@@ -26,6 +26,26 @@ How a continuation is found:
   whole reply: two jobs that share a system prompt and task but not a reply
   are never confused. At most ``MAX_CANDIDATES`` turns share one key, so a
   match decodes one bounded window and compares a few digests.
+* **Else by shared prefix.** Many prompts do not re-send the previous turn
+  verbatim: AIPerf rebuilds each prompt from hash blocks (the previous
+  prompt's partial tail block is not carried over, the reply not
+  appended), templates drop earlier reasoning, harnesses rewrite a
+  reminder at the tail. A prompt continues turn ``T`` by prefix when the
+  longest prefix it shares with the scope's turns ends in a block that
+  ``T`` alone holds (a prefix two turns hold -- a system prompt, a task
+  sent twice -- says nothing about whose turn this is), that prefix
+  covers at least ``PREFIX_SHARE`` of ``T``'s blocks beyond its *base*
+  (what ``T`` shared with the scope's other turns when it was
+  registered), and the prompt is longer than ``T``'s (a continuation adds
+  content; a resend does not). Same O(log n) lookups, no decode.
+
+Two kinds of turn are registered: an implicit job's turn that called a tool
+(the job exists from that call on), and an untagged *answer* (a reply
+without a tool call, :meth:`ImplicitJobIndex.register_answer`), which is no
+job yet: a chat, a one-shot request. Only when a later prompt continues the
+answer does a job start, under :func:`implicit_chat_id`; one-shot traffic
+is never continued, so it never holds anything. An answer's turn keeps no
+reply text and is found again by prefix only.
 
 A match consumes the entry (the job has moved on): a second request that
 continues the same turn (a branch, a retry, the same prompt sent twice) finds
@@ -47,8 +67,11 @@ client can push a client's turn out of the index:
 
 Invariants: at most ``max_entries`` registered turns and at most
 ``max_blocks`` block hashes counted over all scopes; ``_known[scope]`` holds
-exactly the multiset of that scope's live entries' block hashes; every job
-has at most one entry.
+exactly the multiset of that scope's live entries' block hashes; a block
+hash's ``_holder``, where one is recorded, is a live entry of that scope
+that holds it (a stale one is dropped, never re-pointed: a holder is only
+trusted where exactly one live entry holds the hash); every job has at most
+one entry.
 """
 
 from __future__ import annotations
@@ -62,16 +85,35 @@ from typing import Any
 
 from .estimators.scopes import DEFAULT_SCOPE
 
-__all__ = ["IMPLICIT_JOB_PREFIX", "ImplicitJobIndex", "ImplicitTurn", "has_token_prompt", "is_implicit_job"]
+__all__ = [
+    "IMPLICIT_JOB_PREFIX",
+    "PREFIX_SHARE",
+    "ImplicitJobIndex",
+    "ImplicitTurn",
+    "has_token_prompt",
+    "implicit_chat_id",
+    "is_implicit_chat",
+    "is_implicit_job",
+]
 
 # Implicit job ids start with a control character, which client job ids may
 # not contain (``metadata.parse_job_id``): no client can name one.
 IMPLICIT_JOB_PREFIX = "\x00implicit-"
+# An implicit job that a continued answer started (a chat, not a tool call):
+# its answers do not end it (see turn_facts).
+_CHAT_MARK = "chat-"
+# Share of a turn's own blocks (beyond its base) a prompt must re-send to
+# continue it by prefix. A rewritten tail (AIPerf's partial block, a
+# reminder, a cache-control edit) costs a block or two; a compacted or
+# re-templated history loses most of it and is not a continuation. Stricter
+# than a named session's half (``conversations``): untagged traffic of a
+# scope has no session id to narrow the candidates.
+PREFIX_SHARE = 0.75
 # Turns registered under one key (e.g. many jobs with the same first prompt);
 # the oldest goes first. Bounds the work of a match.
 MAX_CANDIDATES = 8
-# A reply longer than this (from the key block on) is not registered: the
-# match would have to decode it all.
+# A reply longer than this (from the key block on) keeps no text (it is found
+# by prefix only): the match would have to decode it all.
 MAX_SEGMENT_TOKENS = 8192
 # Extra tokens decoded past a candidate's own length: re-rendering may
 # tokenise the same text into more tokens.
@@ -84,6 +126,16 @@ def is_implicit_job(job_id: str | None) -> bool:
     return job_id is not None and job_id.startswith(IMPLICIT_JOB_PREFIX)
 
 
+def is_implicit_chat(job_id: str | None) -> bool:
+    """An implicit job started by a prompt that continued an answer."""
+    return job_id is not None and job_id.startswith(IMPLICIT_JOB_PREFIX + _CHAT_MARK)
+
+
+def implicit_chat_id(number: int) -> str:
+    """The job id of implicit chat ``number``."""
+    return f"{IMPLICIT_JOB_PREFIX}{_CHAT_MARK}{number}"
+
+
 def has_token_prompt(request: Any) -> bool:
     """The prompt is token ids (not ``prompt_embeds``): only then can an
     untagged request be matched, or registered, by its tokens."""
@@ -93,6 +145,10 @@ def has_token_prompt(request: Any) -> bool:
 def _normalise(text: str) -> str:
     # Templates re-render whitespace (JSON separators, newlines) their own way.
     return "".join(text.split())
+
+
+def _no_decode(token_ids: Sequence[int]) -> str:
+    raise AssertionError("an answer's turn is registered without its text")
 
 
 def _digest(text: str) -> bytes:
@@ -108,11 +164,17 @@ class ImplicitTurn:
     block_hashes: tuple[Any, ...]
     # Tokens from the last full prompt block to the end of the reply.
     segment_tokens: int
-    # Length and digest of that segment's text, whitespace removed.
+    # Length and digest of that segment's text, whitespace removed (None: an
+    # answer's turn, found by prefix only).
     text_len: int
-    text_digest: bytes
+    text_digest: bytes | None
     # The client scope it was registered in: only that scope continues it.
     scope: str = DEFAULT_SCOPE
+    # Tokens of the turn's prompt: a continuation is longer.
+    prompt_tokens: int = 0
+    # Leading blocks it shared with the scope's other turns when registered
+    # (a system prompt): sharing only those continues nothing.
+    base_blocks: int = 0
 
 
 class ImplicitJobIndex:
@@ -136,6 +198,9 @@ class ImplicitJobIndex:
         self._by_key: dict[tuple[str, Any], list[str]] = {}
         # scope -> block hash -> number of the scope's live entries whose prompt contains it.
         self._known: dict[str, dict[Any, int]] = {}
+        # scope -> block hash -> the entry that last registered it (trusted
+        # only where ``_known`` counts exactly one holder).
+        self._holder: dict[str, dict[Any, str]] = {}
         self._num_blocks = 0
         self._ids = itertools.count(1)
 
@@ -150,6 +215,9 @@ class ImplicitJobIndex:
     def new_job_id(self) -> str:
         return f"{IMPLICIT_JOB_PREFIX}{next(self._ids)}"
 
+    def new_chat_id(self) -> str:
+        return implicit_chat_id(next(self._ids))
+
     # -- registering ------------------------------------------------------
     def register(
         self,
@@ -160,12 +228,15 @@ class ImplicitJobIndex:
         decode: Decode,
         stop_token_ids: Collection[int] = (),
         scope: str = DEFAULT_SCOPE,
+        with_text: bool = True,
     ) -> bool:
         """Register ``job_id``'s finished turn in ``scope``: all its tokens
         (prompt, then reply), how many are prompt, and vLLM's hashes of its
         full blocks. Replaces the job's previous entry. Returns False when
-        the turn cannot be found again (no full prompt block, an over-long
-        reply, a twin in the same scope) or does not fit the bounds."""
+        the turn cannot be found again (no full prompt block, no reply, a
+        twin in the same scope) or does not fit the bounds.
+        ``with_text`` False: keep no reply text (the turn is found by prefix
+        only, and nothing is decoded)."""
         self.forget(job_id)
         end = len(token_ids)
         while end > num_prompt_tokens and token_ids[end - 1] in stop_token_ids:
@@ -174,10 +245,19 @@ class ImplicitJobIndex:
         start = num_full * self.block_size
         if num_full == 0 or num_full > self.max_blocks or self.max_entries == 0:
             return False
-        if end - start > MAX_SEGMENT_TOKENS or end <= num_prompt_tokens:
+        if end <= num_prompt_tokens:
             return False
-        text = _normalise(decode(token_ids[start:end]))
-        turn = ImplicitTurn(job_id, tuple(block_hashes[:num_full]), end - start, len(text), _digest(text), scope)
+        # A reply too long to decode at every match is found by prefix only.
+        with_text = with_text and end - start <= MAX_SEGMENT_TOKENS
+        hashes = tuple(block_hashes[:num_full])
+        known = self._known.get(scope)
+        base = self._longest_known_prefix(known, hashes) if known else 0
+        if with_text:
+            text = _normalise(decode(token_ids[start:end]))
+            text_len, digest = len(text), _digest(text)
+        else:
+            text_len, digest = 0, None
+        turn = ImplicitTurn(job_id, hashes, end - start, text_len, digest, scope, num_prompt_tokens, base)
         key = (scope, turn.block_hashes[-1])
         same_key = self._by_key.get(key, [])
         twins = [j for j in same_key if self._turns[j].text_digest == turn.text_digest]
@@ -196,10 +276,23 @@ class ImplicitJobIndex:
         self._scope_blocks[scope] = self._scope_blocks.get(scope, 0) + num_full
         self._by_key.setdefault(key, []).append(job_id)
         known = self._known.setdefault(scope, {})
+        holder = self._holder.setdefault(scope, {})
         for block_hash in turn.block_hashes:
             known[block_hash] = known.get(block_hash, 0) + 1
+            holder[block_hash] = job_id
         self._num_blocks += num_full
         return True
+
+    def register_answer(
+        self, request: Any, stop_token_ids: Collection[int], scope: str = DEFAULT_SCOPE,
+    ) -> bool:
+        """Register an untagged request's finished answer in ``scope`` under
+        a new chat id (:func:`implicit_chat_id`), found again by prefix only:
+        a later prompt that continues it starts that implicit job."""
+        return self.register(
+            self.new_chat_id(), request.block_hashes, request.all_token_ids, request.num_prompt_tokens,
+            _no_decode, stop_token_ids, scope, with_text=False,
+        )
 
     def _evict(self, by_blocks: bool) -> None:
         """Forget the least recently registered turn of the scope holding
@@ -225,16 +318,21 @@ class ImplicitJobIndex:
         del entries[job_id]
         blocks = self._scope_blocks[scope] - len(turn.block_hashes)
         known = self._known[scope]
+        holder = self._holder[scope]
         for block_hash in turn.block_hashes:
             count = known[block_hash] - 1
             if count:
                 known[block_hash] = count
             else:
                 del known[block_hash]
+            if holder.get(block_hash) == job_id:
+                # Another entry may hold it too, but which is not recorded:
+                # forget the holder rather than point at the wrong one.
+                del holder[block_hash]
         if entries:
             self._scope_blocks[scope] = blocks
         else:  # the scope's last entry: nothing of it is kept
-            del self._by_scope[scope], self._scope_blocks[scope], self._known[scope]
+            del self._by_scope[scope], self._scope_blocks[scope], self._known[scope], self._holder[scope]
         self._num_blocks -= len(turn.block_hashes)
 
     # -- finding ----------------------------------------------------------
@@ -277,16 +375,38 @@ class ImplicitJobIndex:
             return None
         candidates = [
             self._turns[j] for j in self._by_key.get((scope, block_hashes[known - 1]), ())
-            if len(self._turns[j].block_hashes) == known
+            if len(self._turns[j].block_hashes) == known and self._turns[j].text_digest is not None
         ]
-        if not candidates:
+        if candidates:
+            start = known * self.block_size
+            window = max(c.segment_tokens for c in candidates) + _DECODE_SLACK_TOKENS
+            text = _normalise(decode(prompt_token_ids[start : start + window]))
+            for turn in reversed(candidates):  # the most recent first
+                # The prompt must go on past the reply: a continuation, not a resend.
+                if len(text) > turn.text_len and _digest(text[: turn.text_len]) == turn.text_digest:
+                    self.forget(turn.job_id)
+                    return turn.job_id
+        turn = self._prefix_match(scope, block_hashes, known, len(prompt_token_ids))
+        if turn is None:
             return None
-        start = known * self.block_size
-        window = max(c.segment_tokens for c in candidates) + _DECODE_SLACK_TOKENS
-        text = _normalise(decode(prompt_token_ids[start : start + window]))
-        for turn in reversed(candidates):  # the most recent first
-            # The prompt must go on past the reply: a continuation, not a resend.
-            if len(text) > turn.text_len and _digest(text[: turn.text_len]) == turn.text_digest:
-                self.forget(turn.job_id)
-                return turn.job_id
-        return None
+        self.forget(turn.job_id)
+        return turn.job_id
+
+    def _prefix_match(
+        self, scope: str, block_hashes: Sequence[Any], known: int, prompt_tokens: int,
+    ) -> ImplicitTurn | None:
+        """The turn a prompt sharing ``known`` leading blocks with the
+        scope's turns continues by prefix (module doc), or None."""
+        last = block_hashes[known - 1]
+        if self._known[scope].get(last) != 1:
+            return None  # held by several turns: a shared prefix, nobody's context
+        job_id = self._holder[scope].get(last)
+        if job_id is None:
+            return None
+        turn = self._turns[job_id]
+        own = len(turn.block_hashes) - turn.base_blocks
+        if known <= turn.base_blocks or known - turn.base_blocks < PREFIX_SHARE * own:
+            return None
+        if prompt_tokens <= turn.prompt_tokens:
+            return None  # a resend or a shorter rewrite: no new content
+        return turn

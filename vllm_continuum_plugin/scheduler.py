@@ -7,24 +7,20 @@ block manager and kernels untouched:
   names a session of up to several conversations (sub-agents, side
   requests): a request acts on the one whose context it continues (its pin
   or a recent turn's prompt), or starts a new one
-  (:class:`~.conversations.Conversations`); never on another's. An untagged request whose prompt continues a
-  finished agent turn is that implicit job's next turn (``implicit_jobs``).
+  (:class:`~.conversations.Conversations`); never on another's. An
+  untagged request whose prompt continues a finished untagged turn of its
+  client scope -- an agent's tool call, or an answer: a chat -- is that
+  implicit job's next turn (``implicit_jobs``).
   Measures tool time and queues the request in the job-aware
   ``ContinuumRequestQueue``.
-* ``_free_request_blocks`` -- :func:`~.turn_outcome.decide_turn` decides
-  what a finished turn becomes, from facts
-  :class:`~.turn_facts.TurnReader` reads; this applies it. **Pin**: a
-  non-final agent turn that finished normally keeps its hashed blocks for
-  the TTL the decider chooses (an untagged turn whose reply calls a tool
-  starts an implicit job first); TTL 0 offloads (with the plugin's
-  connector) and frees. **End the job**: its last step (the client's flag,
-  a finish action such as mini-swe-agent's
-  ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, a ``final_answer`` tool,
-  or a final answer: a reply without a tool call in an implicit job, or in
-  an explicit job that called tools and sent no ``is_last_step``), or an
-  abort or error; a known last turn puts the job's own blocks first in line
-  for eviction (:func:`~.eviction_order.evict_first`). Preemption, chat
-  traffic and disabled prefix caching free as usual.
+* ``_free_request_blocks`` -- what a finished turn becomes, in
+  :mod:`~.finished_turns`. **Pin**: a non-final agent turn (or a chat's
+  answer) that finished normally keeps its hashed blocks for the TTL the
+  decider chooses; TTL 0 offloads (with the plugin's connector) and frees.
+  **End the job**: its last step (the client's flag, a finish action, a
+  final answer) or an abort; a known last turn puts the job's own blocks
+  first in line for eviction. Preemption, one-shot untagged traffic and
+  disabled prefix caching free as usual.
 * ``schedule`` -- releases expired pins (TTL) before the step, orders
   ``running`` so that vLLM's "preempt running[-1]" picks the latest-arriving
   job not on its last step, takes the new jobs' first turns that the
@@ -63,9 +59,10 @@ Invariants: each pinned block carries exactly one reference owned by its pin;
 pool exactly then; the pinned share of the pool (distinct blocks) never
 exceeds ``max_pinned_fraction``; a first turn the admission gate holds is
 out of the waiting queue only inside ``schedule()`` and never longer than
-``admission_max_wait_s`` in all; requests without a job id whose reply
-calls no tool, and every untagged request when ``implicit_jobs`` is off,
-behave exactly as FCFS (the gate never holds them); client metadata always
+``admission_max_wait_s`` in all; untagged requests that continue no earlier
+untagged turn and whose reply calls no tool are never pinned (the gate may
+hold them as newcomers: ``admission_untagged``), and every untagged request
+when ``implicit_jobs`` is off behaves exactly as FCFS; client metadata always
 wins over an implicit match; a request that does not continue the context
 of the job it names never changes that job's state (its end, tool time,
 order or pin); ending a job never changes which blocks are free, only the
@@ -89,11 +86,11 @@ from .config import ContinuumConfig, load_config
 from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
 from .decisions import Decider, make_decider
 from .declared_holds import DeclaredHolds
-from .estimators.parser import NO_TOOL_KEY, ToolCall
+from .estimators.parser import NO_TOOL_KEY
 from .estimators.prefill import PrefillCostModel, PrefillTimer
 from .estimators.round_trip import RoundTripOverhead
 from .estimators.ttl import ScopedToolHistory, TTLPolicy, make_ttl_policy
-from .implicit_jobs import ImplicitJobIndex, has_token_prompt, is_implicit_job
+from .implicit_jobs import ImplicitJobIndex, has_token_prompt, is_implicit_chat
 from .conversations import Conversations
 from .job_queue import ContinuumRequestQueue, WaitingTurns
 from .job_order import JobOrder
@@ -103,16 +100,16 @@ from .metrics import EngineMetrics
 from .context_costs import ContextCosts
 from .foreign_tier import ForeignTier
 from .gate_feed import GateFeed
-from .eviction_order import evict_first
+from .finished_turns import FinishedTurnsMixin
 from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
 from .soft_pins import SoftPins
 from .policies import PLUGIN_POLICIES
 from .prefill_chunks import NextTurnNeeds, PrefillChunks
-from .reply_reader import ReplyReader, stop_token_ids
+from .reply_reader import ReplyReader
 from .tier_capacity import TierCapacity, tier_capacity
 from .turn_facts import TurnReader
-from .turn_outcome import PinRelation, TurnOutcome, TurnOutcomeKind, TurnRules, decide_turn
+from .turn_outcome import TurnRules
 from .wakeup import EngineWaker
 
 logger = logging.getLogger("vllm.continuum_plugin")
@@ -125,8 +122,9 @@ __all__ = [
 ]
 
 
-class ContinuumSchedulerMixin:
-    """Continuum behaviour for any vLLM ``Scheduler`` subclass (see module doc)."""
+class ContinuumSchedulerMixin(FinishedTurnsMixin):
+    """Continuum behaviour for any vLLM ``Scheduler`` subclass (see module
+    doc; the block-freeing path is :class:`~.finished_turns.FinishedTurnsMixin`)."""
 
     # Attributes the mixin relies on from vLLM's Scheduler (for type checkers).
     kv_cache_manager: Any
@@ -312,6 +310,10 @@ class ContinuumSchedulerMixin:
                 )
             elif self.implicit_jobs is not None and has_token_prompt(request):
                 meta = self._match_implicit_job(request, meta)
+                if meta.job_id is None and self.admission is not None and self.continuum_config.admission_untagged:
+                    # Continues nothing: a new chat or agent that sends no
+                    # session id, held like a new job's first turn.
+                    self.admission.on_first_turn(request)
             set_request_meta(request, meta)
             if meta.job_id is not None:
                 if meta.tools_offered and self.jobs.get(meta.job_id) is None:  # an agent's new conversation
@@ -330,6 +332,9 @@ class ContinuumSchedulerMixin:
         )
         if job_id is None:
             return meta
+        if is_implicit_chat(job_id) and self.jobs.get(job_id) is None:
+            # A prompt continued an untagged answer: a chat is a job from now on.
+            self.continuum_metrics.on_implicit_turn("started")
         self.continuum_metrics.on_implicit_turn("continued")
         logger.debug("continuum: request %s continues implicit job %r", request.request_id, job_id)
         return dataclasses.replace(meta, job_id=job_id)
@@ -354,18 +359,18 @@ class ContinuumSchedulerMixin:
             self.continuum_metrics.on_tool_time(measured, job.last_predicted_s)
         self._waiting_turns.add(meta.job_id, request)
         if (self.admission is not None and job.turns_finished == 0 and job.in_flight == 1
-                and not self.conversations.has_siblings(meta.job_id)):
+                and not self.conversations.has_siblings(meta.job_id) and not is_implicit_chat(meta.job_id)):
             # A new session's first turn; a known session's new conversation
-            # (a sub-agent, a side request) is never held behind strangers.
+            # (a sub-agent, a side request) is never held behind strangers,
+            # nor is an implicit chat (its first turn was served already).
             self.admission.on_first_turn(request)
 
     def _forget_waiting(self, request: Request) -> None:
-        job_id = request_meta(request).job_id
-        if job_id is None:
-            return
-        if self.admission is not None:
+        if self.admission is not None:  # an untagged first turn may be held too
             self.admission.forget(request)
-        self._waiting_turns.discard(job_id, request)
+        job_id = request_meta(request).job_id
+        if job_id is not None:
+            self._waiting_turns.discard(job_id, request)
 
     # ------------------------------------------------------------------
     # Scheduling step
@@ -456,172 +461,6 @@ class ContinuumSchedulerMixin:
         # Report work while a pin is due so an idle engine, woken by the
         # ExpiryWaker, runs the step that releases it.
         return self.pins.is_due()
-
-    # ------------------------------------------------------------------
-    # Pinning on the block-freeing path
-    # ------------------------------------------------------------------
-    def _free_request_blocks(self, request: Request) -> None:
-        """A request leaves vLLM (finished or preempted): ``decide_turn``
-        says what its turn becomes, this applies it."""
-        if request.is_finished():
-            self._forget_waiting(request)
-            self._prefills.forget(request.request_id)
-            if self.tier is not None:
-                self.tier.forget(request.request_id)
-        turn, call = self.turns.read(request)
-        outcome = decide_turn(turn, self.turns.rules)
-        if outcome.kind is TurnOutcomeKind.STOCK:
-            self.declared.free(request)
-        elif outcome.kind is TurnOutcomeKind.END_JOB:
-            assert turn.reply is not None
-            self._end_job(request, outcome, turn.reply.normal, turn.pin is PinRelation.CONTINUED)
-        else:
-            self._continue_job(request, outcome, call)
-
-    def _continue_job(self, request: Request, outcome: TurnOutcome, call: ToolCall | None) -> None:
-        """A turn after which its job goes on (RETAIN or FREE): note the
-        turn, decide its TTL, then pin, offload or free its blocks."""
-        meta = request_meta(request)
-        if outcome.starts_implicit_job:
-            meta = self._start_implicit_job(request, meta)
-        job_id = meta.job_id
-        assert job_id is not None
-        now = self.clock.time()
-        tool_key = call.tool_key if call is not None else NO_TOOL_KEY
-        job = self.jobs.on_finish(job_id, now, tool_key, counted=True)
-        if job is not None:
-            job.had_tool_call |= call is not None
-            job.tools_offered = meta.tools_offered
-        if self.gate_feed is not None:
-            self.gate_feed.turn_finished(job_id, request, now, tool_key, meta.scope)
-        if job is not None:  # set again below when this turn is decided
-            job.last_predicted_s = job.last_tool_s = None
-            job.last_context_tokens = request.num_tokens
-        if self.implicit_jobs is not None and is_implicit_job(job_id):
-            self.implicit_jobs.register_request(
-                job_id, request, self.replies.decode, stop_token_ids(request), meta.scope
-            )
-        if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
-            if self.gate_feed is not None:
-                self.gate_feed.holds_nothing(job_id)
-            self.declared.free(request)
-            return
-        # With async scheduling and a KV-consumer connector (the default GPU
-        # set-up with offloading), an in-flight step may still write these
-        # blocks: vLLM defers their free. A pin may hold them all the same;
-        # what leaves it before that step is processed is deferred too.
-        fence = None if self._request_blocks_can_be_freed(request) else request.last_sched_seq  # type: ignore[attr-defined]
-        decision = self.decider.decide(meta, call, self.costs.ttl_context(request, tool_key, job, meta.scope))
-        if job is not None:  # measured against the next arrival
-            job.last_call = call
-            job.last_predicted_s = decision.predicted_seconds
-            job.last_tool_s = decision.tool_seconds
-        self.continuum_metrics.on_decision(decision.speed, decision.layer)
-        logger.debug(
-            "continuum: job %s request %s tool %r -> ttl %.3fs (%s)",
-            job_id, request.request_id, tool_key, decision.ttl_s, decision.source,
-        )
-        outcome = outcome.with_ttl(decision.ttl_s)
-        if outcome.kind is TurnOutcomeKind.FREE:
-            # The job's pin holds another context (an overlapping turn of
-            # another branch): it stays, this turn is served as stock.
-            logger.debug("continuum: request %s names job %s but does not continue its pin; not pinned",
-                         request.request_id, job_id)
-            self.declared.free(request)
-            return
-        if outcome.supersedes_pin:  # a newer turn of the same context
-            self.pins.release(job_id, "handoff")
-        if outcome.kind is TurnOutcomeKind.OFFLOAD:
-            self.continuum_metrics.on_ttl_decision(0.0)
-            if self.offload is not None:  # SLOW tool: reload later, not recompute
-                self.offload.save_request(request, hold_job=job_id)
-            # What the client declared is still held, for the job's next
-            # turn to take over (then the gate counts the job as holding).
-            self.declared.free(request, job_id)
-            if self.gate_feed is not None:
-                self.gate_feed.holds_nothing(job_id, decision, tool_key, meta.scope)
-            return
-        if self.declared.apply(request, job_id, decision.ttl_s, tool_key, fence):
-            return
-        self.pins.pin(
-            request, job_id, self.order.ranked_arrival(request), decision.ttl_s, tool_key, decision.speed, fence,
-        )
-
-    def _stock_free(self, request: Request) -> None:
-        super()._free_request_blocks(request)  # type: ignore[misc]
-
-    def _end_job(self, request: Request, outcome: TurnOutcome, normal: bool, continues_pin: bool) -> None:
-        """The job's last turn, an answer its session may follow up
-        (``outcome.answered``: the state stays, the blocks age as stock
-        LRU) or an aborted turn (``outcome.end_reason`` None) finished:
-        release its pin, free its blocks."""
-        job_id = request_meta(request).job_id
-        assert job_id is not None
-        ends = outcome.ends_job
-        job = self.jobs.on_finish(job_id, self.clock.time(), None, counted=normal)
-        shared_tokens = job.first_hit_tokens if job is not None else None
-        end_reason = outcome.end_reason
-        if end_reason is not None and normal and job is not None:
-            self.turn_correlation.add_job(job.turns_finished)
-        self._forget_job(job_id, end_reason, outcome.release_reason if continues_pin else None,
-                         forget_state=ends)
-        if ends and self.offload is not None:
-            self.offload.demote_request(request)  # nobody reloads a finished job's context
-        if self.declared.apply(request, None, 0.0):
-            return
-        if not ends or shared_tokens is None:  # retried, followed up: LRU as usual
-            super()._free_request_blocks(request)  # type: ignore[misc]
-            return
-        blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks
-        super()._free_request_blocks(request)  # type: ignore[misc]
-        moved = evict_first(self.kv_cache_manager.block_pool, blocks, shared_tokens // self.block_size)
-        logger.debug("continuum: job %s ended; %d of its blocks go first out of the prefix cache", job_id, moved)
-
-    def _forget_job(self, job_id: str, end_reason: str | None, release_reason: str | None,
-                    forget_state: bool = True) -> None:
-        """A job's task ended (``end_reason``, counted; its state is
-        forgotten unless ``forget_state`` is False: an answer its session
-        may follow up) or its turn aborted (None: the state stays, the job
-        may retry); its pin goes when ``release_reason`` is given, its
-        offload hold always."""
-        ended = end_reason is not None and forget_state
-        if end_reason is not None:
-            self.continuum_metrics.on_job_end(end_reason)
-        if ended:
-            self.jobs.forget(job_id)
-            self.conversations.forget(job_id)
-        if self.admission is not None:
-            self.admission.on_job_end(job_id, ended=end_reason is not None)
-        if self.implicit_jobs is not None:
-            # An aborted implicit turn is not retried by prefix: its job ends too.
-            self.implicit_jobs.forget(job_id)
-        if release_reason is not None:
-            self.pins.release(job_id, release_reason)
-        if self.offload is not None:
-            # An ended job's stored blocks go first; an aborted turn may be
-            # retried, an answer followed up: keep them.
-            self.offload.end_hold(job_id, demote=ended)
-
-    def _start_implicit_job(self, request: Request, meta: JobMetadata) -> JobMetadata:
-        """An untagged turn that called a tool: from now on it is a job."""
-        assert self.implicit_jobs is not None
-        job_id = self.implicit_jobs.new_job_id()
-        meta = dataclasses.replace(meta, job_id=job_id)
-        set_request_meta(request, meta)
-        job, _, _ = self.jobs.on_arrival(job_id, request.arrival_time, meta.scope)
-        self.order.credit(request, job)
-        self.continuum_metrics.on_implicit_turn("started")
-        logger.debug("continuum: request %s starts implicit job %r", request.request_id, job_id)
-        return meta
-
-    def _free_after_fence(self, blocks: list[Any], fence: int | None) -> None:
-        """Return pinned blocks (allocation order) to the pool, tail first;
-        while the step ``fence`` may still write them, through vLLM's own
-        fence-aware free (a fence is only set when vLLM defers frees)."""
-        if fence is None:
-            self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))
-        else:
-            self._free_cow_retained_blocks(blocks[::-1], fence)  # type: ignore[attr-defined]
 
     def _load_tokenizer(self) -> Any:
         tokenizer = getattr(self.structured_output_manager, "tokenizer", None)

@@ -16,7 +16,7 @@ from typing import Any
 
 from .estimators.history import JobTracker
 from .estimators.parser import ToolCall, is_finish_action
-from .implicit_jobs import has_token_prompt, is_implicit_job
+from .implicit_jobs import has_token_prompt, is_implicit_chat, is_implicit_job
 from .pin_manager import PinManager
 from .reply_reader import ReplyReader
 from .request_record import peek_record, request_meta
@@ -55,7 +55,7 @@ class TurnReader:
             job_id=job_id,
             unbound=record is not None and record.unbound_job_id is not None,
             is_last_step=meta.is_last_step,
-            implicit_job=is_implicit_job(job_id),
+            implicit_job=is_implicit_job(job_id) and not is_implicit_chat(job_id),
             had_tool_call=job is not None and job.had_tool_call,
             tools_offered=meta.tools_offered,
             tool_hinted=(meta.tool_name is not None or meta.tool_command is not None

@@ -12,7 +12,10 @@ A finished turn becomes exactly one of (:class:`TurnOutcomeKind`):
   untagged request while implicit jobs are off; an untagged reply that calls
   no tool (chat traffic) or a finish action (a one-turn agent), or a prompt
   of embeddings (no token ids to find its next turn by); a request that
-  names a job whose context it does not continue.
+  names a job whose context it does not continue. An untagged answer (a
+  normal reply without a tool call or a last-step flag, token prompt) is
+  still remembered (``registers_answer``): a later prompt that continues it
+  starts an implicit chat, a job from then on.
 * ``END_JOB`` -- the job's last turn (the client's ``is_last_step``, a
   finish action, a final answer) or a turn that did not finish normally
   (abort, error: reason ``abort``, the job is not over). The job's pin goes,
@@ -157,7 +160,9 @@ class FinishedTurn:
     # The client's flag: True ends the job; False says the client decides
     # the end (a reply without a tool call is then no final answer).
     is_last_step: bool | None = None
-    # ``job_id`` is an implicit job's (it exists only because of tool calls).
+    # ``job_id`` is an implicit job's that a tool call started (it exists
+    # only because of tool calls). An implicit chat's (started by a prompt
+    # continuing an answer) is not: its turns follow a session's rules.
     implicit_job: bool = False
     # Some earlier finished turn of the job called a tool.
     had_tool_call: bool = False
@@ -187,6 +192,9 @@ class TurnOutcome:
     # An untagged turn that called a tool: it starts an implicit job (and
     # then goes on as that job's turn). Only with RETAIN/FREE/OFFLOAD/PIN.
     starts_implicit_job: bool = False
+    # An untagged answer (STOCK only): remembered, so that a prompt that
+    # continues it starts an implicit chat (implicit_jobs.register_answer).
+    registers_answer: bool = False
     # The job's pin holds a prefix of this turn: the new pin supersedes it
     # (released as a hand-over first). RETAIN, OFFLOAD, PIN.
     supersedes_pin: bool = False
@@ -270,7 +278,8 @@ def decide_turn(turn: FinishedTurn, rules: TurnRules) -> TurnOutcome:
         # Only a normally finished reply without a last-step flag is read
         # for a call, so a job started here goes on.
         if not reply.normal or turn.is_last_step or not reply.calls_tool:
-            return _stock(TurnReason.NO_TOOL_CALL)
+            answer = reply.normal and not turn.is_last_step and turn.token_prompt and rules.pinning
+            return TurnOutcome(TurnOutcomeKind.STOCK, TurnReason.NO_TOOL_CALL, registers_answer=answer)
         if reply.finish_action:
             return _stock(TurnReason.ONE_TURN)
         if not turn.token_prompt:

@@ -18,7 +18,10 @@ three axes:
   replay tool that knows each conversation's final turn can add as a
   per-turn body field (AIPerf knows it, ``is_final_turn``, and its trace
   datasets' per-turn ``extra`` merges such a field into the request body;
-  its ``weka_trace`` replay sends none).
+  its ``weka_trace`` replay sends none); ``none``: nothing at all -- no job
+  id, no session header (AIPerf without ``--session-header``, a client
+  behind a proxy that drops headers). The plugin then has only the prompts
+  to go by (implicit jobs, ``vllm_continuum_plugin.implicit_jobs``).
 * **history** -- how turn ``k + 1``'s prompt re-sends turn ``k``:
   ``exact`` (the prompt and the reply verbatim, then the new tokens);
   ``aiperf`` (rebuilt from hash blocks as AIPerf's trace datasets do: the
@@ -48,7 +51,9 @@ exact, scripted), ``headers-only`` (session, exact, calls), ``aiperf``
 ``directives`` (``headers-only`` plus continuum-policy directives),
 ``aiperf-last-step`` (``aiperf`` with the last request of each conversation
 flagged: session-last, aiperf, prose -- it tells what AIPerf's missing
-session end costs, since prose replies never say a session is over).
+session end costs, since prose replies never say a session is over),
+``no-header`` (none, exact, calls) and ``aiperf-no-header`` (none, aiperf,
+prose): the same clients without any session id.
 
 The profiles change only what a job's turns send; arrivals, turn counts,
 token counts of new content and tool times are the same under every
@@ -81,7 +86,7 @@ __all__ = [
     "trace_tool_call",
 ]
 
-_METADATA = ("tagged", "session", "session-last")
+_METADATA = ("tagged", "session", "session-last", "none")
 _HISTORY = ("exact", "aiperf", "reasoning")
 _REPLIES = ("scripted", "calls", "prose")
 _RETENTION = ("none", "continuum-policy")
@@ -136,6 +141,8 @@ CLIENTS: dict[str, ClientProfile] = {
     "reasoning": ClientProfile("reasoning", "session", "reasoning", "calls"),
     "directives": ClientProfile("directives", "session", "exact", "calls", "continuum-policy"),
     "aiperf-last-step": ClientProfile("aiperf-last-step", "session-last", "aiperf", "prose"),
+    "no-header": ClientProfile("no-header", "none", "exact", "calls"),
+    "aiperf-no-header": ClientProfile("aiperf-no-header", "none", "aiperf", "prose"),
 }
 TAGGED = CLIENTS["tagged"]
 
@@ -161,6 +168,8 @@ def request_metadata(
     tagged metadata, or the session id alone (``session_id``, default the
     job id: a sub-agent names its parent's session). ``last``: the job's
     last request; ``tool_name``: the tool its reply runs ("" for none)."""
+    if client.metadata == "none":
+        return None, None
     if client.metadata == "session":
         return None, session_id or job_id
     if client.metadata == "session-last":
