@@ -343,3 +343,26 @@ def test_a_chat_answer_after_a_tool_call_is_followed_up_by_prefix():
     s.clock.advance(3600.0)
     step(s)
     assert_all_blocks_free(s)
+
+
+def test_a_follow_up_after_an_untagged_agents_final_answer_continues_its_job():
+    # The agent's task ended at its answer; the user's next message
+    # continues the context: the same job (its rank kept, never held), and
+    # the answer's blocks aged as stock LRU, not first out.
+    s = make_scheduler(num_blocks=96, max_num_seqs=2)
+    p1 = SYSTEM + prompt_of(1, 30)
+    r1 = agent_turn(s, p1, LS)
+    agent = implicit_job_of(s, r1)
+    p2 = continuation(p1, LS, prompt_of(2, 20))
+    r2 = agent_turn(s, p2, PROSE)
+    assert implicit_job_of(s, r2) == agent and agent not in s.pins
+    assert s.continuum_metrics.snapshot()["jobs_ended"]["final_answer"] == 1
+    p3 = continuation(p2, PROSE, prompt_of(3, 20))
+    r3 = scripted(make_request(p3, max_tokens=len(PROSE)), PROSE)
+    s.add_request(r3)
+    assert implicit_job_of(s, r3) == agent
+    assert admitted_cached_tokens(step(s), r3) == len(p2 + PROSE) // BLOCK * BLOCK
+    run_until_finished(s, [r3])
+    s.clock.advance(3600.0)
+    step(s)
+    assert_all_blocks_free(s)

@@ -41,7 +41,7 @@ from .estimators.prefill import PrefillTimer
 from .eviction_order import evict_first
 from .foreign_tier import ForeignTier
 from .gate_feed import GateFeed
-from .implicit_jobs import ImplicitJobIndex, is_implicit_chat, is_implicit_job
+from .implicit_jobs import ImplicitJobIndex, is_implicit_job
 from .job_order import JobOrder
 from .metadata import JobMetadata
 from .metrics import EngineMetrics
@@ -192,8 +192,9 @@ class FinishedTurnsMixin:
             self.turn_correlation.add_job(job.turns_finished)
         self._forget_job(job_id, end_reason, outcome.release_reason if continues_pin else None,
                          forget_state=ends)
-        if outcome.answered and self.implicit_jobs is not None and is_implicit_chat(job_id):
-            # The chat's user may follow up: found again by its prompt.
+        if outcome.answered and self.implicit_jobs is not None and is_implicit_job(job_id):
+            # The user may follow the answer up: found again by its prompt,
+            # the follow-up is the job's next turn (its rank kept, not held).
             self.implicit_jobs.register_request(
                 job_id, request, self.replies.decode, stop_token_ids(request), request_meta(request).scope
             )

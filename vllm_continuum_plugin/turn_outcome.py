@@ -19,10 +19,11 @@ A finished turn becomes exactly one of (:class:`TurnOutcomeKind`):
 * ``END_JOB`` -- the job's last turn (the client's ``is_last_step``, a
   finish action, a final answer) or a turn that did not finish normally
   (abort, error: reason ``abort``, the job is not over). The job's pin goes,
-  the blocks are freed. A final answer after tool calls under a client's
-  session id (reason ``answered``) ends the agent's task but not the
-  session: the user's next message may continue it, so the job stays known
-  (its rank, its turns) and its blocks age as stock LRU.
+  the blocks are freed. A final answer after tool calls (reason
+  ``answered``: under a client's session id, or an implicit job's, found
+  again by its prompt) ends the agent's task but not the session: the
+  user's next message may continue it, so the job stays known (its rank,
+  its turns) and its blocks age as stock LRU.
 * ``FREE`` -- the job goes on but keeps nothing: pinning is off (prefix
   caching disabled), or the job's pin holds another context than this
   turn's (an overlapping turn of another branch keeps it).
@@ -292,10 +293,10 @@ def decide_turn(turn: FinishedTurn, rules: TurnRules) -> TurnOutcome:
     elif reply.calls_tool and reply.finish_action:
         return _end(TurnReason.FINISH_ACTION)
     elif not reply.calls_tool and _is_final_answer(turn, reply):
-        # After tool calls under a client's job id the user may follow up
-        # (an implicit job has no id to come back under; a side request
-        # that called no tool has nothing to follow).
-        answered = turn.had_tool_call and not turn.implicit_job
+        # After tool calls the user may follow up (under the job id, or an
+        # implicit job's by prompt); a side request that called no tool has
+        # nothing to follow.
+        answered = turn.had_tool_call
         return _end(TurnReason.ANSWERED if answered else TurnReason.FINAL_ANSWER)
     if not rules.pinning:
         return TurnOutcome(TurnOutcomeKind.FREE, TurnReason.NO_PINNING, starts_implicit_job=starts_implicit)
@@ -311,8 +312,9 @@ def decide_turn(turn: FinishedTurn, rules: TurnRules) -> TurnOutcome:
 
 def _is_final_answer(turn: FinishedTurn, reply: TurnReply) -> bool:
     """A normally finished reply without a tool call: does it end its job?
-    An implicit job's always does (it exists only because of tool calls).
-    An explicit job's does when the reply was actually read ("no tool call"
+    An implicit agent's always does (it exists only because of tool calls;
+    an implicit chat's turns follow an explicit job's rules). An explicit
+    job's does when the reply was actually read ("no tool call"
     is then known, not assumed), the client did not send ``is_last_step``
     (an explicit ``false`` keeps the answer pinned while its user reads
     it), and either an earlier turn of the job called a tool, or the job is
