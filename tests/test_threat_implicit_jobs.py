@@ -9,7 +9,9 @@ pin lapsed:
 
 * a twin: the same first prompt, answered with the same reply;
 * more requests with the same first prompt than a key keeps candidates;
-* a flood of its own agent turns past the index's entry bound.
+* a flood of its own agent turns past the index's entry bound;
+* a prompt rebuilt from the victim's context (a continuation by shared
+  prefix), then a flood of answers sharing its system prompt.
 
 Each test asserts the victim's outcome: its next turn is recognised as the
 same job and takes its pin over. Real vLLM scheduler, no weights
@@ -101,3 +103,17 @@ def test_every_block_is_free_once_the_attackers_pins_lapse(s):
     s.clock.advance(3600)
     step(s)
     assert not s.running and len(s.pins) == 0 and free_blocks(s) == usable_blocks(s)
+
+
+def test_a_continuation_by_prefix_from_another_scope_cannot_take_the_victims_job(s):
+    # The attacker knows the victim's context and sends it rebuilt (its
+    # blocks, fresh content: what continues a turn by shared prefix), and a
+    # flood of answers sharing the system prompt: neither is the victim's
+    # next turn, so the victim keeps its job and its pin.
+    first = agent_turn(s, FIRST, LS, VICTIM)
+    rebuilt = FIRST[: len(FIRST) // BLOCK * BLOCK] + prompt_of(300, 40)
+    stolen = agent_turn(s, rebuilt, LS, ATTACKER)
+    assert request_meta(stolen).job_id != request_meta(first).job_id
+    for i in range(20):
+        agent_turn(s, SYSTEM + prompt_of(400 + i, 30), tiny_tokens("Done.") + [EOS], ATTACKER)
+    victim_next_turn_takes_its_pin_over(s, first)
