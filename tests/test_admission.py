@@ -14,10 +14,21 @@ import pytest
 
 from vllm.v1.request import RequestStatus
 
-from harness import free_blocks, make_request, make_scheduler, prompt_of, run_until_finished, step, usable_blocks
+from harness import (
+    free_blocks,
+    make_request,
+    make_scheduler,
+    prompt_of,
+    run_until_finished,
+    scripted,
+    step,
+    tiny_tokens,
+    usable_blocks,
+)
 from scheduler_turns import job_seed
 from test_scheduler import BLOCK, assert_all_blocks_free, first_turn, next_turn_prompt
 from vllm_continuum_plugin.admission import MIN_RETURN_SAMPLES, RETURN_MARGIN, return_horizon
+from vllm_continuum_plugin.implicit_jobs import MIN_ANSWERS
 
 # 64 blocks of 16 tokens: 63 usable. Job "a" leaves a 40-block context; a new
 # job with a 30-block prompt does not fit beside it.
@@ -345,3 +356,62 @@ def test_an_untagged_requests_next_turn_is_never_held():
     step(s)
     assert _scheduled(s, follow_up)
     _drain(s, follow_up)
+
+
+LS_CALL = tiny_tokens("```bash\nls -la\n```") + [2]  # a tool call the plugin parses
+ANSWER = tiny_tokens("Done.") + [2]
+
+
+@pytest.mark.parametrize(("reply", "counted"), [(LS_CALL, True), (ANSWER, False)], ids=["agent", "one-shot"])
+def test_an_untagged_turn_counts_after_it_ends_only_as_the_job_it_started(reply, counted):
+    # An untagged agent's first turn (a tool call: an implicit job) keeps
+    # its context counted, so a newcomer waits; a one-shot answer (no
+    # return measured in the scope) leaves the demand when it ends.
+    s = make_scheduler(num_blocks=POOL, max_num_seqs=4, continuum={"default_ttl_s": 1.0})
+    first = scripted(make_request(prompt_of(900, A_TOKENS), max_tokens=len(reply)), reply)
+    s.add_request(first)
+    run_until_finished(s, [first])
+    s.clock.advance(1.5)  # any pin lapsed: the context is only in the prefix cache
+    step(s)
+    chat = make_request(prompt_of(500, 2 * BLOCK), max_tokens=200)  # keeps the engine busy
+    s.add_request(chat)
+    step(s)
+    newcomer = make_request(prompt_of(600, NEW_TOKENS), max_tokens=4, job_id="b", is_last_step=True)
+    s.add_request(newcomer)
+    for _ in range(3):
+        step(s)
+    assert _scheduled(s, newcomer) is not counted
+    s.clock.advance(3600.0)
+    _drain(s, newcomer, chat)
+
+
+def test_an_untagged_answer_counts_as_its_chat_where_the_scopes_answers_come_back():
+    # MIN_ANSWERS untagged answers of the scope were each followed up (two-
+    # turn chats): the next untagged answer counts as the chat it may start,
+    # until the gate's horizon (no gap after a tool-less reply measured yet).
+    s = make_scheduler(num_blocks=POOL, max_num_seqs=4,
+                       continuum={"ttl_policy": "fixed", "fixed_ttl_s": 2.2, "max_ttl_s": 60.0})
+    for i in range(MIN_ANSWERS):
+        prompt = prompt_of(1000 + i, 2 * BLOCK)
+        for turn in (prompt, prompt + prompt_of(2000 + i, BLOCK)):
+            r = scripted(make_request(turn, max_tokens=len(ANSWER)), ANSWER)
+            s.add_request(r)
+            run_until_finished(s, [r])
+    assert s.implicit_jobs.answer_return_rate() == 1.0
+    s.clock.advance(60.0)
+    step(s)
+    first = scripted(make_request(prompt_of(900, A_TOKENS), max_tokens=len(ANSWER)), ANSWER)
+    s.add_request(first)
+    run_until_finished(s, [first])
+    chat = make_request(prompt_of(500, 2 * BLOCK), max_tokens=400)
+    s.add_request(chat)
+    step(s)
+    newcomer = make_request(prompt_of(600, NEW_TOKENS), max_tokens=4, job_id="b", is_last_step=True)
+    s.add_request(newcomer)
+    s.clock.advance(59.0)
+    step(s)
+    assert not _scheduled(s, newcomer)  # the answer may still be followed up
+    s.clock.advance(1.5)
+    step(s)
+    assert _scheduled(s, newcomer)  # quiet past the horizon: it leaves the demand
+    _drain(s, newcomer, chat)

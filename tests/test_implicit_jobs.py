@@ -12,7 +12,7 @@ import random
 import pytest
 from harness import make_request
 
-from vllm_continuum_plugin.implicit_jobs import ImplicitJobIndex, is_implicit_chat, is_implicit_job
+from vllm_continuum_plugin.implicit_jobs import MIN_ANSWERS, ImplicitJobIndex, is_implicit_chat, is_implicit_job
 
 BS = 16
 EOS = 2
@@ -352,3 +352,24 @@ def test_an_answer_registers_as_a_chat_found_by_prefix_without_decoding():
 
     follow_up = list(answer) + [3, 800, 801]
     assert idx.match(hashes(follow_up), follow_up, no_decode) == job
+
+
+def test_the_answer_return_rate_tells_chats_from_one_shot_traffic():
+    idx = index(max_entries=4096, max_blocks=1 << 20)
+
+    def answer(tokens: list[int], scope: str) -> str | None:
+        request = make_request(tokens + [600, EOS], block_size=BS)
+        request.num_prompt_tokens = len(tokens)
+        return idx.register_answer(request, stop_token_ids={EOS}, scope=scope)
+
+    for i in range(MIN_ANSWERS - 1):
+        answer(LONG_SYSTEM + list(range(10_000 + 100 * i, 10_000 + 100 * i + 64)), "batch")
+    assert idx.answer_return_rate("batch") is None  # too few to tell
+    answer(LONG_SYSTEM + list(range(90_000, 90_064)), "batch")
+    assert idx.answer_return_rate("batch") == 0.0  # one-shot: nothing came back
+    for i in range(MIN_ANSWERS):
+        prompt = list(range(20_000 + 200 * i, 20_000 + 200 * i + 64))
+        chat = answer(prompt, "chat")
+        follow_up = prompt + [600, EOS, 3, 9, 9]
+        assert idx.match(hashes(follow_up), follow_up, decode, scope="chat") == chat
+    assert idx.answer_return_rate("chat") == 1.0 and idx.answer_return_rate("batch") == 0.0

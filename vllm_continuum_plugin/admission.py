@@ -55,7 +55,11 @@ untagged request that continues an earlier one) are never held: the
 scheduler does not report them. An untagged request that continues
 nothing is a newcomer like a new job's first turn (``admission_untagged``):
 whether it starts a session shows only at its next turn, and admitting it
-over the jobs under way costs them their contexts all the same.
+over the jobs under way costs them their contexts all the same. Once
+admitted it counts while it runs, and after its end only as the job it
+turned out to start: an implicit agent's (a tool call), or a chat's where
+the scope's answers are seen to come back (``GateFeed.untagged_finished``);
+a one-shot request leaves the demand when it finishes.
 
 Bounds, so that no job starves and the engine never idles for it:
 
@@ -236,6 +240,25 @@ class AdmissionGate:
                 self._version += 1  # the forecast may have moved
         if self._jobs.pop(job_id, None) is not None:
             self._version += 1
+
+    def discard(self, key: str) -> None:
+        """Stop counting ``key`` and forget its sizes: it started no job (an
+        untagged one-shot request), so it is no sample of growth either."""
+        self._sizes.pop(key, None)
+        self.on_job_end(key)
+
+    def rename(self, old_key: str, new_key: str) -> None:
+        """The job counted as ``old_key`` is ``new_key`` from now on (an
+        untagged turn counted while it ran, whose job got its id at its
+        end); nothing when ``old_key`` is not counted."""
+        footprint = self._jobs.pop(old_key, None)
+        if footprint is None:
+            return
+        self._jobs[new_key] = footprint
+        sizes = self._sizes.pop(old_key, None)
+        if sizes is not None:
+            self._sizes[new_key] = sizes
+        self._version += 1
 
     def expected_growth(self) -> int:
         """Blocks a job is forecast to grow by from its first admission to its

@@ -113,8 +113,9 @@ class ContinuumConfig:
     admission_forecast: bool = True
     # Admission: also hold an untagged request that continues no earlier
     # untagged turn -- a new chat or agent that sends no session id -- as a
-    # new job's first turn (implicit_jobs must be on). Off: untagged
-    # traffic is never held (only what names a job is).
+    # new job's first turn, and count it while it runs and after it as the
+    # implicit job it starts (gate_feed.untagged_finished); implicit_jobs
+    # must be on. Off: untagged traffic is never held nor counted.
     admission_untagged: bool = True
     # While a later turn of a job under way whose context is held heads the
     # waiting queue, cut each running prefill in that step to a share of the

@@ -41,7 +41,7 @@ from .estimators.prefill import PrefillTimer
 from .eviction_order import evict_first
 from .foreign_tier import ForeignTier
 from .gate_feed import GateFeed
-from .implicit_jobs import ImplicitJobIndex, is_implicit_job
+from .implicit_jobs import ImplicitJobIndex, is_implicit_job, untagged_turn_key
 from .job_order import JobOrder
 from .metadata import JobMetadata
 from .metrics import EngineMetrics
@@ -95,9 +95,17 @@ class FinishedTurnsMixin:
         turn, call = self.turns.read(request)
         outcome = decide_turn(turn, self.turns.rules)
         if outcome.kind is TurnOutcomeKind.STOCK:
+            chat_id = None
             if outcome.registers_answer and self.implicit_jobs is not None:
                 # A prompt that continues this answer later starts a chat.
-                self.implicit_jobs.register_answer(request, stop_token_ids(request), request_meta(request).scope)
+                chat_id = self.implicit_jobs.register_answer(
+                    request, stop_token_ids(request), request_meta(request).scope)
+            if turn.finished and turn.job_id is None and self.gate_feed is not None:
+                scope = request_meta(request).scope
+                rate = self.implicit_jobs.answer_return_rate(scope) if self.implicit_jobs is not None else None
+                self.gate_feed.untagged_finished(untagged_turn_key(request.request_id), chat_id, request,
+                                                 self.clock.time(), scope, called_tool=False,
+                                                 answer_return_rate=rate)
             self.declared.free(request)
         elif outcome.kind is TurnOutcomeKind.END_JOB:
             assert turn.reply is not None
@@ -111,6 +119,9 @@ class FinishedTurnsMixin:
         meta = request_meta(request)
         if outcome.starts_implicit_job:
             meta = self._start_implicit_job(request, meta)
+            if self.gate_feed is not None:  # counted while it ran: now as its job
+                self.gate_feed.untagged_finished(untagged_turn_key(request.request_id), meta.job_id, request,
+                                                 self.clock.time(), meta.scope, called_tool=True)
         job_id = meta.job_id
         assert job_id is not None
         now = self.clock.time()

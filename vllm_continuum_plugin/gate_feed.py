@@ -19,6 +19,10 @@ gaps say. :class:`GateFeed` is the one place that decides it:
   rebuild them;
 * with a host tier of known size (``tier_capacity``) a context leaving the
   GPU is still kept, so the job stays in the demand.
+* an untagged request counts while it runs (the gate admitted it as a
+  newcomer); when it ends it counts on as the implicit job it started: an
+  agent's always, a chat's only where the scope's answers are seen to come
+  back (:meth:`GateFeed.untagged_finished`).
 
 Invariants: learned state is read per scope (one client's gaps never move
 another client's horizons); the feed never removes a job that holds a pin
@@ -40,7 +44,11 @@ from .estimators.scopes import DEFAULT_SCOPE
 from .estimators.ttl import ScopedToolHistory
 from .tier_capacity import TierCapacity
 
-__all__ = ["GateFeed"]
+__all__ = ["MIN_ANSWER_RETURN_RATE", "GateFeed"]
+
+# An untagged answer counts as the chat it may start where at least this
+# share of the scope's recent answers were followed up.
+MIN_ANSWER_RETURN_RATE = 0.5
 
 
 class GateFeed:
@@ -81,6 +89,27 @@ class GateFeed:
         """A turn after which ``job_id`` goes on finished at ``now``: it
         counts with this context until its quiet horizon."""
         self.gate.on_turn_finished(job_id, request, now, self.quiet_horizon(tool_key, scope))
+
+    def untagged_finished(self, key: str, job_id: str | None, request: Request, now: float, scope: str,
+                          called_tool: bool, answer_return_rate: float | None = None) -> None:
+        """An untagged turn counted under ``key`` while it ran finished.
+        ``job_id``: the implicit job it started (``called_tool``: an agent's,
+        by a tool call; else a chat's, an answer a later prompt may
+        continue), None for none. An agent counts on as its job (the
+        scheduler reports its turn). An answer counts as its chat until the
+        quiet horizon only where the scope's answers come back: at least
+        half of its recent ones were followed up (``answer_return_rate``,
+        from ``ImplicitJobIndex``) -- one-shot traffic never is, so its
+        requests leave the demand when they finish, and a chat that comes
+        back is counted again when its next turn is admitted."""
+        if job_id is not None and called_tool:
+            self.gate.rename(key, job_id)
+            return
+        if job_id is None or answer_return_rate is None or answer_return_rate < MIN_ANSWER_RETURN_RATE:
+            self.gate.discard(key)
+            return
+        self.gate.rename(key, job_id)
+        self.turn_finished(job_id, request, now, NO_TOOL_KEY, scope)
 
     def quiet_horizon(self, tool_key: str, scope: str) -> float | None:
         """How long the gate counts a job quiet after this turn: after a

@@ -76,6 +76,7 @@ one entry.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 from collections import OrderedDict
@@ -90,10 +91,12 @@ __all__ = [
     "PREFIX_SHARE",
     "ImplicitJobIndex",
     "ImplicitTurn",
+    "MIN_ANSWERS",
     "has_token_prompt",
     "implicit_chat_id",
     "is_implicit_chat",
     "is_implicit_job",
+    "untagged_turn_key",
 ]
 
 # Implicit job ids start with a control character, which client job ids may
@@ -109,6 +112,11 @@ _CHAT_MARK = "chat-"
 # than a named session's half (``conversations``): untagged traffic of a
 # scope has no session id to narrow the candidates.
 PREFIX_SHARE = 0.75
+# Answers a scope's continuation rate is measured over (halved past twice
+# this), the fewest before it is trusted, and the scopes it is kept for.
+ANSWER_WINDOW = 128
+MIN_ANSWERS = 32
+MAX_RATE_SCOPES = 1024
 # Turns registered under one key (e.g. many jobs with the same first prompt);
 # the oldest goes first. Bounds the work of a match.
 MAX_CANDIDATES = 8
@@ -129,6 +137,13 @@ def is_implicit_job(job_id: str | None) -> bool:
 def is_implicit_chat(job_id: str | None) -> bool:
     """An implicit job started by a prompt that continued an answer."""
     return job_id is not None and job_id.startswith(IMPLICIT_JOB_PREFIX + _CHAT_MARK)
+
+
+def untagged_turn_key(request_id: str) -> str:
+    """The key the admission gate counts an untagged request under while it
+    runs (its job, if any, gets its id when it finishes). Not printable: no
+    client job id can equal it."""
+    return f"\x00untagged-{request_id}"
 
 
 def implicit_chat_id(number: int) -> str:
@@ -175,6 +190,8 @@ class ImplicitTurn:
     # Leading blocks it shared with the scope's other turns when registered
     # (a system prompt): sharing only those continues nothing.
     base_blocks: int = 0
+    # An untagged answer (register_answer), not yet any job's turn.
+    answer: bool = False
 
 
 class ImplicitJobIndex:
@@ -203,6 +220,8 @@ class ImplicitJobIndex:
         self._holder: dict[str, dict[Any, str]] = {}
         self._num_blocks = 0
         self._ids = itertools.count(1)
+        # scope -> [answers registered, answers continued], decayed; LRU.
+        self._answers: OrderedDict[str, list[float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -285,14 +304,41 @@ class ImplicitJobIndex:
 
     def register_answer(
         self, request: Any, stop_token_ids: Collection[int], scope: str = DEFAULT_SCOPE,
-    ) -> bool:
+    ) -> str | None:
         """Register an untagged request's finished answer in ``scope`` under
         a new chat id (:func:`implicit_chat_id`), found again by prefix only:
-        a later prompt that continues it starts that implicit job."""
-        return self.register(
-            self.new_chat_id(), request.block_hashes, request.all_token_ids, request.num_prompt_tokens,
+        a later prompt that continues it starts that implicit job. Returns
+        the chat id, or None when the turn was not registered."""
+        chat_id = self.new_chat_id()
+        registered = self.register(
+            chat_id, request.block_hashes, request.all_token_ids, request.num_prompt_tokens,
             _no_decode, stop_token_ids, scope, with_text=False,
         )
+        if not registered:
+            return None
+        self._turns[chat_id] = dataclasses.replace(self._turns[chat_id], answer=True)
+        counts = self._answer_counts(scope)
+        counts[0] += 1
+        if counts[0] >= 2 * ANSWER_WINDOW:  # a window, not all time: halve both
+            counts[0] /= 2
+            counts[1] /= 2
+        return chat_id
+
+    def _answer_counts(self, scope: str) -> list[float]:
+        counts = self._answers.pop(scope, None) or [0.0, 0.0]
+        self._answers[scope] = counts
+        if len(self._answers) > MAX_RATE_SCOPES:
+            self._answers.popitem(last=False)
+        return counts
+
+    def answer_return_rate(self, scope: str = DEFAULT_SCOPE) -> float | None:
+        """Share of the scope's recent untagged answers that a later prompt
+        continued (a chat), or None before ``MIN_ANSWERS`` were registered.
+        One-shot traffic is near 0; chats and AIPerf's sessions near 1."""
+        counts = self._answers.get(scope)
+        if counts is None or counts[0] < MIN_ANSWERS:
+            return None
+        return counts[1] / counts[0]
 
     def _evict(self, by_blocks: bool) -> None:
         """Forget the least recently registered turn of the scope holding
@@ -390,6 +436,10 @@ class ImplicitJobIndex:
         if turn is None:
             return None
         self.forget(turn.job_id)
+        if turn.answer:  # an answer was followed up: a chat
+            counts = self._answers.get(scope)
+            if counts is not None:
+                counts[1] = min(counts[0], counts[1] + 1)
         return turn.job_id
 
     def _prefix_match(

@@ -90,7 +90,7 @@ from .estimators.parser import NO_TOOL_KEY
 from .estimators.prefill import PrefillCostModel, PrefillTimer
 from .estimators.round_trip import RoundTripOverhead
 from .estimators.ttl import ScopedToolHistory, TTLPolicy, make_ttl_policy
-from .implicit_jobs import ImplicitJobIndex, has_token_prompt, is_implicit_chat
+from .implicit_jobs import ImplicitJobIndex, has_token_prompt, is_implicit_chat, untagged_turn_key
 from .conversations import Conversations
 from .job_queue import ContinuumRequestQueue, WaitingTurns
 from .job_order import JobOrder
@@ -310,7 +310,7 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
                 )
             elif self.implicit_jobs is not None and has_token_prompt(request):
                 meta = self._match_implicit_job(request, meta)
-                if meta.job_id is None and self.admission is not None and self.continuum_config.admission_untagged:
+                if meta.job_id is None and self._counts_untagged(request):
                     # Continues nothing: a new chat or agent that sends no
                     # session id, held like a new job's first turn.
                     self.admission.on_first_turn(request)
@@ -364,6 +364,12 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
             # (a sub-agent, a side request) is never held behind strangers,
             # nor is an implicit chat (its first turn was served already).
             self.admission.on_first_turn(request)
+
+    def _counts_untagged(self, request: Request) -> bool:
+        """Does the admission gate count this untagged request (a newcomer
+        that may start an implicit job; ``admission_untagged``)?"""
+        return (self.admission is not None and self.implicit_jobs is not None
+                and self.continuum_config.admission_untagged and has_token_prompt(request))
 
     def _forget_waiting(self, request: Request) -> None:
         if self.admission is not None:  # an untagged first turn may be held too
@@ -422,6 +428,8 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
                 self._prefills.start(request.request_id, now, request.num_prompt_tokens - cached, cached)
             job_id = request_meta(request).job_id
             if job_id is None:
+                if self._counts_untagged(request):  # counted while it runs (gate_feed)
+                    self.admission.on_admitted(untagged_turn_key(request.request_id), request)
                 continue
             job = self.jobs.get(job_id)
             if job is not None and job.turns_finished == 0 and job.first_hit_tokens is None:
