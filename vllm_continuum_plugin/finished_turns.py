@@ -96,12 +96,11 @@ class FinishedTurnsMixin:
         outcome = decide_turn(turn, self.turns.rules)
         if outcome.kind is TurnOutcomeKind.STOCK:
             chat_id = None
+            scope = request_meta(request).scope
             if outcome.registers_answer and self.implicit_jobs is not None:
                 # A prompt that continues this answer later starts a chat.
-                chat_id = self.implicit_jobs.register_answer(
-                    request, stop_token_ids(request), request_meta(request).scope)
+                chat_id = self.implicit_jobs.register_answer(request, stop_token_ids(request), scope)
             if turn.finished and turn.job_id is None and self.gate_feed is not None:
-                scope = request_meta(request).scope
                 rate = self.implicit_jobs.answer_return_rate(scope) if self.implicit_jobs is not None else None
                 self.gate_feed.untagged_finished(untagged_turn_key(request.request_id), chat_id, request,
                                                  self.clock.time(), scope, called_tool=False,

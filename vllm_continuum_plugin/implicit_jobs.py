@@ -76,7 +76,6 @@ one entry.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 from collections import OrderedDict
@@ -248,6 +247,7 @@ class ImplicitJobIndex:
         stop_token_ids: Collection[int] = (),
         scope: str = DEFAULT_SCOPE,
         with_text: bool = True,
+        answer: bool = False,
     ) -> bool:
         """Register ``job_id``'s finished turn in ``scope``: all its tokens
         (prompt, then reply), how many are prompt, and vLLM's hashes of its
@@ -255,7 +255,8 @@ class ImplicitJobIndex:
         the turn cannot be found again (no full prompt block, no reply, a
         twin in the same scope) or does not fit the bounds.
         ``with_text`` False: keep no reply text (the turn is found by prefix
-        only, and nothing is decoded)."""
+        only, and nothing is decoded); ``answer``: an untagged answer, no
+        job's turn yet (``register_answer``)."""
         self.forget(job_id)
         end = len(token_ids)
         while end > num_prompt_tokens and token_ids[end - 1] in stop_token_ids:
@@ -276,7 +277,7 @@ class ImplicitJobIndex:
             text_len, digest = len(text), _digest(text)
         else:
             text_len, digest = 0, None
-        turn = ImplicitTurn(job_id, hashes, end - start, text_len, digest, scope, num_prompt_tokens, base)
+        turn = ImplicitTurn(job_id, hashes, end - start, text_len, digest, scope, num_prompt_tokens, base, answer)
         key = (scope, turn.block_hashes[-1])
         same_key = self._by_key.get(key, [])
         twins = [j for j in same_key if self._turns[j].text_digest == turn.text_digest]
@@ -312,11 +313,10 @@ class ImplicitJobIndex:
         chat_id = self.new_chat_id()
         registered = self.register(
             chat_id, request.block_hashes, request.all_token_ids, request.num_prompt_tokens,
-            _no_decode, stop_token_ids, scope, with_text=False,
+            _no_decode, stop_token_ids, scope, with_text=False, answer=True,
         )
         if not registered:
             return None
-        self._turns[chat_id] = dataclasses.replace(self._turns[chat_id], answer=True)
         counts = self._answer_counts(scope)
         counts[0] += 1
         if counts[0] >= 2 * ANSWER_WINDOW:  # a window, not all time: halve both
