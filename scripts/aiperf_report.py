@@ -93,6 +93,28 @@ def commit_note(results: list[dict[str, Any]]) -> str:
     return "Arms by commit: " + "; ".join(f"{c}: {', '.join(arms)}" for c, arms in by_commit.items()) + "."
 
 
+def machines(results: list[dict[str, Any]]) -> str:
+    """The CPU and dtype the runs ran on: one when all runs share it, else
+    each with its runs (``Intel Xeon, bfloat16 (run 1); AMD EPYC, bfloat16
+    (runs 2-3)``): runs of one page may come from several sessions'
+    machines, and each run's arms compare on its own."""
+    by_machine: dict[str, list[int]] = {}
+    for i, r in enumerate(results):
+        by_machine.setdefault(f"{r['cpu']}, {r['dtype']}", []).append(i + 1)
+    if len(by_machine) == 1:
+        return next(iter(by_machine))
+    return "; ".join(f"{m} ({_runs_text(runs)})" for m, runs in by_machine.items())
+
+
+def _runs_text(runs: list[int]) -> str:
+    """``run 1``, ``runs 2-3``, ``runs 1, 3``."""
+    if len(runs) == 1:
+        return f"run {runs[0]}"
+    if runs == list(range(runs[0], runs[-1] + 1)):
+        return f"runs {runs[0]}-{runs[-1]}"
+    return "runs " + ", ".join(str(r) for r in runs)
+
+
 def mean_jct(arm: dict[str, Any]) -> float | None:
     return arm["jct_s"]["mean"] if arm.get("jct_s") else None
 
@@ -140,7 +162,7 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str, plot_na
         "",
         f"Written by `{command}`.",
         "",
-        f"Machine: {first['cpu']}, {first['dtype']}; NVIDIA AIPerf {first['aiperf_version']}; "
+        f"Machine: {machines(results)}; NVIDIA AIPerf {first['aiperf_version']}; "
         f"commit {', '.join(commits(results))}; "
         f"the embedded SmolLM2-135M served by `vllm serve`, one fresh server per arm and run.",
         f"{sessions} sessions of the shipped kv-cache-tester Claude Code traces, {turns} requests in all "
@@ -201,7 +223,7 @@ def readme_block(results: list[dict[str, Any]], arms: list[str]) -> list[str]:
     lines = [
         f"Live replay by NVIDIA AIPerf {first['aiperf_version']} of {len(first['sessions'])} real Claude Code "
         f"sessions ({sum(s['turns'] for s in first['sessions'])} requests, `--session-header` as AIPerf sends it, "
-        f"prompts rebuilt from the traces' hash blocks), {first['cpu']}, {first['dtype']}, "
+        f"prompts rebuilt from the traces' hash blocks), {machines(results)}, "
         f"{len(results)} run(s); full table: [docs/aiperf.md](docs/aiperf.md).",
         "",
         "| arm | runs | mean session JCT, mean of runs | FCFS -> oracle gap closed (pooled) |",
@@ -238,7 +260,7 @@ def plot(results: list[dict[str, Any]], arms: list[str], path: Path) -> None:
         ax.bar(xs, ys, width, label=f"run {i + 1}")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(arms))], arms, rotation=20, ha="right")
     ax.set_ylabel("mean session JCT (s)")
-    ax.set_title(f"AIPerf replay of Claude Code traces ({results[0]['cpu']}, {results[0]['dtype']})")
+    ax.set_title(f"AIPerf replay of Claude Code traces ({machines(results)})", fontsize=9, wrap=True)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -497,6 +497,27 @@ def test_a_run_is_completed_arm_by_arm_and_pooled_over_the_runs_each_arm_has(tmp
     assert "| continuum-paper | 1 | 175.0 s | +25% |" in block
 
 
+def test_runs_from_different_machines_are_each_named_with_their_machine():
+    """A page pooled over runs of several sessions names each run's CPU
+    (each run's arms compare on its own machine); one machine is named once."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import aiperf_report
+    finally:
+        sys.path.pop(0)
+    base = {"aiperf_version": "0.13.0", "num_blocks": 600, "block_size": 32, "sessions": [{"turns": 8}] * 24,
+            "config": {"merge": 32, "max_think": 5.0}, "dtype": "bfloat16"}
+    arms = [{"policy": p, "jct_s": {"mean": j}, "prefix_cache_hit_share": 0.5, "failed": 0}
+            for p, j in (("fcfs", 300.0), ("continuum", 150.0), ("oracle", 100.0))]
+    results = [{**base, "cpu": cpu, "arms": arms} for cpu in ("Xeon", "EPYC", "EPYC")]
+    text = aiperf_report.render(results, ["fcfs", "continuum", "oracle"], "cmd")
+    assert "Machine: Xeon, bfloat16 (run 1); EPYC, bfloat16 (runs 2-3);" in text
+    assert "Xeon" in "\n".join(aiperf_report.readme_block(results, ["continuum"]))
+    assert aiperf_report.machines(results[1:]) == "EPYC, bfloat16"
+    assert aiperf_report.machines([results[1], results[0], results[2]]) == (
+        "EPYC, bfloat16 (runs 1, 3); Xeon, bfloat16 (run 2)")
+
+
 def test_a_page_of_its_own_leaves_the_readme_and_names_where_it_went(tmp_path, monkeypatch):
     """``--readme ''`` with another --doc/--plot/--out-root: a side
     experiment (the victim tier against native offloading) gets its own page,
