@@ -12,7 +12,8 @@ their last step, and share a system prompt between sessions:
   session: the follow-up continues the job, keeps its rank, and finds its
   context (its blocks aged as stock LRU, not evicted first);
 * a sub-agent (a known session's new conversation) is never held by the
-  admission gate behind strangers' new sessions;
+  admission gate behind strangers' new sessions: it passes first, and
+  waits only for room;
 * the gate counts blocks several jobs share once, and a job whose TTL chose
   not to hold its context not at all.
 
@@ -168,6 +169,46 @@ def test_a_sub_agent_is_not_held_behind_a_strangers_new_session():
                        job_id="a", is_last_step=True)
     s.add_request(end)
     run_until_finished(s, [end])
+    lapse_every_pin(s)
+    assert_all_blocks_free(s)
+
+
+def test_a_sub_agent_waits_for_room_but_passes_before_a_stranger_who_came_first():
+    # Job "a" under way with a 40-block context (its pin lapsed: only the
+    # prefix cache holds it) in a pool of 64; an untagged chat keeps the
+    # engine busy. A stranger's 34-block first turn waits; then "a" starts a
+    # 30-block sub-agent: neither fits beside "a".
+    s = make_scheduler(num_blocks=64, max_num_seqs=4, continuum={"default_ttl_s": 1.0})
+    prompt_a = prompt_of(60, 40 * BLOCK - 8)
+    r1 = make_request(prompt_a, max_tokens=4, job_id="a", is_last_step=False)
+    s.add_request(r1)
+    run_until_finished(s, [r1])
+    s.clock.advance(1.5)
+    step(s)
+    chat = make_request(prompt_of(61, 2 * BLOCK), max_tokens=300)
+    s.add_request(chat)
+    step(s)
+    stranger = make_request(prompt_of(62, 34 * BLOCK), max_tokens=4, job_id="b", is_last_step=True)
+    s.add_request(stranger)
+    s.clock.advance(0.5)
+    sub = make_request(prompt_of(63, 30 * BLOCK), max_tokens=4, job_id="a", is_last_step=True)
+    s.add_request(sub)
+    assert request_meta(sub).job_id != "a"
+    for _ in range(3):
+        step(s)
+    # Admitted over the pool, the sub-agent would cost "a" its context.
+    assert sub.num_computed_tokens == 0 and stranger.num_computed_tokens == 0
+    # "a" ends: room for one of them, and the sub-agent goes first although
+    # the stranger came first.
+    end = make_request(list(prompt_a) + list(r1.output_token_ids) + prompt_of(64, 8), max_tokens=2,
+                       job_id="a", is_last_step=True)
+    s.add_request(end)
+    assert run_for_hit(s, end) >= 39 * BLOCK  # "a" kept its context while the sub-agent waited
+    for _ in range(3):
+        step(s)
+    assert sub.num_computed_tokens > 0
+    assert stranger.num_computed_tokens == 0
+    run_until_finished(s, [sub, chat, stranger])
     lapse_every_pin(s)
     assert_all_blocks_free(s)
 

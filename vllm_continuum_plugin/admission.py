@@ -40,7 +40,14 @@ the admitted ones keep their contexts and finish fast.
 * A job's first turn is admitted when the footprints of the jobs under way
   plus its prompt fit in the pool. New jobs pass the gate in queue order
   (bounded job-level FCFS): the first that does not fit holds back every
-  later one, so a large job is not overtaken forever by small ones.
+  later one, so a large job is not overtaken forever by small ones. A known
+  session's new conversation (a sub-agent, a side request: ``on_first_turn``
+  with ``known_session``) goes ahead of every stranger's new job: its
+  session is under way and waits on it, so it is never held behind a
+  stranger; it still waits for room like any other, since a sub-agent
+  admitted over a full pool costs the jobs under way their contexts (its
+  parent's included) as any newcomer does (on the Claude Code traces a
+  sub-agent's context is as large as a session's: docs/retention_clients.md).
 
 ``capacity_blocks`` is what the server keeps without recomputing: the
 pool, or with a host tier of known size the pool and the tier together
@@ -49,8 +56,7 @@ left the GPU, since the tier holds it).
 
 The bound adapts to what the jobs hold, not to a count of sessions: many
 short contexts or a few long ones. A job's later turns (a follow-up after
-an answer included: the job stays known), a known session's new
-conversation (a sub-agent, a side request) and an implicit job's turns (an
+an answer included: the job stays known) and an implicit job's turns (an
 untagged request that continues an earlier one) are never held: the
 scheduler does not report them. An untagged request that continues
 nothing is a newcomer like a new job's first turn (``admission_untagged``):
@@ -170,6 +176,9 @@ class AdmissionGate:
         self._sizes: dict[str, tuple[int, int]] = {}
         self._growth = SlidingMean(GROWTH_WINDOW)
         self._new: dict[str, Request] = {}  # request id -> a waiting first turn
+        # Those of ``_new`` that open a known session's new conversation:
+        # they pass the gate before every stranger's.
+        self._known: set[str] = set()
         self._held: list[Request] = []
         self.held_total = 0  # first turns held back in a step (a turn held for k steps counts k)
         # The last decision, reused while nothing it depends on changed: the
@@ -181,9 +190,13 @@ class AdmissionGate:
         self._valid_until = -math.inf
 
     # -- what the scheduler reports ------------------------------------------
-    def on_first_turn(self, request: Request) -> None:
-        """A new job's first turn is waiting."""
+    def on_first_turn(self, request: Request, known_session: bool = False) -> None:
+        """A new job's first turn is waiting; ``known_session``: it opens a
+        new conversation of a session under way (a sub-agent, a side
+        request), which passes before every stranger's new job."""
         self._new[request.request_id] = request
+        if known_session:
+            self._known.add(request.request_id)
         self._version += 1
 
     def on_admitted(self, job_id: str, request: Request) -> None:
@@ -191,6 +204,7 @@ class AdmissionGate:
         prompt's blocks (at least), sharing the longest prefix it has in
         common with another job under way (O(jobs) hash compares)."""
         self._new.pop(request.request_id, None)
+        self._known.discard(request.request_id)
         prompt = PromptPrefix.of_request(request, self.block_size)
         old = self._jobs.get(job_id)
         footprint = _Footprint(max(prompt.num_blocks, old.blocks if old else 0), prompt)
@@ -272,6 +286,7 @@ class AdmissionGate:
         (a first turn leaves the gate's queue; a later one's job may go
         quiet again, so the last decision is not reused)."""
         self._new.pop(request.request_id, None)
+        self._known.discard(request.request_id)
         self._version += 1
 
     # -- the gate --------------------------------------------------------------
@@ -313,7 +328,9 @@ class AdmissionGate:
     def _decide(self, waiting: Any, running: bool, now: float) -> None:
         room = self.capacity_blocks - self.demand_blocks(now)
         growth = self.expected_growth()
-        candidates = sorted((r for r in self._new.values() if r in waiting), key=self._rank)
+        known = self._known
+        candidates = sorted((r for r in self._new.values() if r in waiting),
+                            key=lambda r: (r.request_id not in known, self._rank(r)))
         decision: list[Request] = []
         blocked = False
         valid_until = math.inf

@@ -359,11 +359,12 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
             self.continuum_metrics.on_tool_time(measured, job.last_predicted_s)
         self._waiting_turns.add(meta.job_id, request)
         if (self.admission is not None and job.turns_finished == 0 and job.in_flight == 1
-                and not self.conversations.has_siblings(meta.job_id) and not is_implicit_chat(meta.job_id)):
+                and not is_implicit_chat(meta.job_id)):
             # A new session's first turn; a known session's new conversation
-            # (a sub-agent, a side request) is never held behind strangers,
-            # nor is an implicit chat (its first turn was served already).
-            self.admission.on_first_turn(request)
+            # (a sub-agent, a side request) too, but ahead of every
+            # stranger's; never an implicit chat (its first turn was served
+            # already).
+            self.admission.on_first_turn(request, known_session=self.conversations.has_siblings(meta.job_id))
 
     def _counts_untagged(self, request: Request) -> bool:
         """Does the admission gate count this untagged request (a newcomer
