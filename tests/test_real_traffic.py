@@ -139,19 +139,32 @@ def test_reasoning_stripped_at_a_follow_up_continues_the_answered_job_with_its_r
     assert_all_blocks_free(s)
 
 
-def test_a_sub_agent_is_not_held_behind_a_strangers_new_session():
-    # Job "a" under way with a 40-block context (its pin lapsed: only the
-    # prefix cache holds it); a stranger's 30-block first turn is held.
+def job_a_under_way_beside_a_chat(seed: int, chat_tokens: int):
+    """A scheduler with a pool of 64 blocks, job "a" under way with a
+    40-block context (its pin lapsed: only the prefix cache holds it) and an
+    untagged chat keeping the engine busy; returns (scheduler, a's first
+    turn, the chat)."""
     s = make_scheduler(num_blocks=64, max_num_seqs=4, continuum={"default_ttl_s": 1.0})
-    prompt_a = prompt_of(30, 40 * BLOCK - 8)
-    r1 = make_request(prompt_a, max_tokens=4, job_id="a", is_last_step=False)
+    r1 = make_request(prompt_of(seed, 40 * BLOCK - 8), max_tokens=4, job_id="a", is_last_step=False)
     s.add_request(r1)
     run_until_finished(s, [r1])
     s.clock.advance(1.5)
     step(s)
-    chat = make_request(prompt_of(31, 2 * BLOCK), max_tokens=200)  # keeps the engine busy
+    chat = make_request(prompt_of(seed + 1, 2 * BLOCK), max_tokens=chat_tokens)
     s.add_request(chat)
     step(s)
+    return s, r1, chat
+
+
+def end_job_a(r1, seed: int):
+    """Job "a"'s last turn, continuing its first."""
+    return make_request(list(r1.prompt_token_ids) + list(r1.output_token_ids) + prompt_of(seed, 8), max_tokens=2,
+                        job_id="a", is_last_step=True)
+
+
+def test_a_sub_agent_is_not_held_behind_a_strangers_new_session():
+    # A stranger's 30-block first turn is held beside job "a".
+    s, r1, chat = job_a_under_way_beside_a_chat(30, chat_tokens=200)
     stranger = make_request(prompt_of(32, 30 * BLOCK), max_tokens=4, job_id="b", is_last_step=True)
     s.add_request(stranger)
     for _ in range(3):
@@ -165,8 +178,7 @@ def test_a_sub_agent_is_not_held_behind_a_strangers_new_session():
     assert sub.num_computed_tokens > 0  # admitted at once
     assert stranger.num_computed_tokens == 0
     run_until_finished(s, [sub, chat, stranger])
-    end = make_request(list(prompt_a) + list(r1.output_token_ids) + prompt_of(34, 8), max_tokens=2,
-                       job_id="a", is_last_step=True)
+    end = end_job_a(r1, 34)
     s.add_request(end)
     run_until_finished(s, [end])
     lapse_every_pin(s)
@@ -174,20 +186,9 @@ def test_a_sub_agent_is_not_held_behind_a_strangers_new_session():
 
 
 def test_a_sub_agent_waits_for_room_but_passes_before_a_stranger_who_came_first():
-    # Job "a" under way with a 40-block context (its pin lapsed: only the
-    # prefix cache holds it) in a pool of 64; an untagged chat keeps the
-    # engine busy. A stranger's 34-block first turn waits; then "a" starts a
-    # 30-block sub-agent: neither fits beside "a".
-    s = make_scheduler(num_blocks=64, max_num_seqs=4, continuum={"default_ttl_s": 1.0})
-    prompt_a = prompt_of(60, 40 * BLOCK - 8)
-    r1 = make_request(prompt_a, max_tokens=4, job_id="a", is_last_step=False)
-    s.add_request(r1)
-    run_until_finished(s, [r1])
-    s.clock.advance(1.5)
-    step(s)
-    chat = make_request(prompt_of(61, 2 * BLOCK), max_tokens=300)
-    s.add_request(chat)
-    step(s)
+    # A stranger's 34-block first turn waits beside job "a"; then "a"
+    # starts a 30-block sub-agent: neither fits beside "a".
+    s, r1, chat = job_a_under_way_beside_a_chat(60, chat_tokens=300)
     stranger = make_request(prompt_of(62, 34 * BLOCK), max_tokens=4, job_id="b", is_last_step=True)
     s.add_request(stranger)
     s.clock.advance(0.5)
@@ -200,8 +201,7 @@ def test_a_sub_agent_waits_for_room_but_passes_before_a_stranger_who_came_first(
     assert sub.num_computed_tokens == 0 and stranger.num_computed_tokens == 0
     # "a" ends: room for one of them, and the sub-agent goes first although
     # the stranger came first.
-    end = make_request(list(prompt_a) + list(r1.output_token_ids) + prompt_of(64, 8), max_tokens=2,
-                       job_id="a", is_last_step=True)
+    end = end_job_a(r1, 64)
     s.add_request(end)
     assert run_for_hit(s, end) >= 39 * BLOCK  # "a" kept its context while the sub-agent waited
     for _ in range(3):
