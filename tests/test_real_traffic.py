@@ -12,8 +12,8 @@ their last step, and share a system prompt between sessions:
   session: the follow-up continues the job, keeps its rank, and finds its
   context (its blocks aged as stock LRU, not evicted first);
 * a sub-agent (a known session's new conversation) is never held by the
-  admission gate behind strangers' new sessions: it passes first, and
-  waits only for room;
+  admission gate behind strangers' new sessions (with
+  ``admission_sub_agents`` it waits for room, but passes first);
 * the gate counts blocks several jobs share once, and a job whose TTL chose
   not to hold its context not at all.
 
@@ -139,12 +139,12 @@ def test_reasoning_stripped_at_a_follow_up_continues_the_answered_job_with_its_r
     assert_all_blocks_free(s)
 
 
-def job_a_under_way_beside_a_chat(seed: int, chat_tokens: int):
+def job_a_under_way_beside_a_chat(seed: int, chat_tokens: int, **continuum):
     """A scheduler with a pool of 64 blocks, job "a" under way with a
     40-block context (its pin lapsed: only the prefix cache holds it) and an
     untagged chat keeping the engine busy; returns (scheduler, a's first
     turn, the chat)."""
-    s = make_scheduler(num_blocks=64, max_num_seqs=4, continuum={"default_ttl_s": 1.0})
+    s = make_scheduler(num_blocks=64, max_num_seqs=4, continuum={"default_ttl_s": 1.0, **continuum})
     r1 = make_request(prompt_of(seed, 40 * BLOCK - 8), max_tokens=4, job_id="a", is_last_step=False)
     s.add_request(r1)
     run_until_finished(s, [r1])
@@ -185,10 +185,10 @@ def test_a_sub_agent_is_not_held_behind_a_strangers_new_session():
     assert_all_blocks_free(s)
 
 
-def test_a_sub_agent_waits_for_room_but_passes_before_a_stranger_who_came_first():
+def test_with_admission_sub_agents_a_sub_agent_waits_for_room_but_passes_before_a_stranger_who_came_first():
     # A stranger's 34-block first turn waits beside job "a"; then "a"
     # starts a 30-block sub-agent: neither fits beside "a".
-    s, r1, chat = job_a_under_way_beside_a_chat(60, chat_tokens=300)
+    s, r1, chat = job_a_under_way_beside_a_chat(60, chat_tokens=300, admission_sub_agents=True)
     stranger = make_request(prompt_of(62, 34 * BLOCK), max_tokens=4, job_id="b", is_last_step=True)
     s.add_request(stranger)
     s.clock.advance(0.5)

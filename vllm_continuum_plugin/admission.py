@@ -41,13 +41,13 @@ the admitted ones keep their contexts and finish fast.
   plus its prompt fit in the pool. New jobs pass the gate in queue order
   (bounded job-level FCFS): the first that does not fit holds back every
   later one, so a large job is not overtaken forever by small ones. A known
-  session's new conversation (a sub-agent, a side request: ``on_first_turn``
-  with ``known_session``) goes ahead of every stranger's new job: its
-  session is under way and waits on it, so it is never held behind a
-  stranger; it still waits for room like any other, since a sub-agent
-  admitted over a full pool costs the jobs under way their contexts (its
-  parent's included) as any newcomer does (on the Claude Code traces a
-  sub-agent's context is as large as a session's: docs/retention_clients.md).
+  session's new conversation (a sub-agent, a side request) passes at once,
+  or with ``admission_sub_agents`` (``on_first_turn`` with
+  ``known_session``) waits for room but goes ahead of every stranger's new
+  job: its session is under way and waits on it, so it is never held
+  behind a stranger, while a sub-agent admitted over a full pool costs the
+  jobs under way their contexts (its parent's included) as any newcomer
+  does.
 
 ``capacity_blocks`` is what the server keeps without recomputing: the
 pool, or with a host tier of known size the pool and the tier together
@@ -56,8 +56,9 @@ left the GPU, since the tier holds it).
 
 The bound adapts to what the jobs hold, not to a count of sessions: many
 short contexts or a few long ones. A job's later turns (a follow-up after
-an answer included: the job stays known) and an implicit job's turns (an
-untagged request that continues an earlier one) are never held: the
+an answer included: the job stays known), a known session's new
+conversation (unless ``admission_sub_agents``) and an implicit job's turns
+(an untagged request that continues an earlier one) are never held: the
 scheduler does not report them. An untagged request that continues
 nothing is a newcomer like a new job's first turn (``admission_untagged``):
 whether it starts a session shows only at its next turn, and admitting it

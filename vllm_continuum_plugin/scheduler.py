@@ -361,10 +361,12 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         if (self.admission is not None and job.turns_finished == 0 and job.in_flight == 1
                 and not is_implicit_chat(meta.job_id)):
             # A new session's first turn; a known session's new conversation
-            # (a sub-agent, a side request) too, but ahead of every
-            # stranger's; never an implicit chat (its first turn was served
-            # already).
-            self.admission.on_first_turn(request, known_session=self.conversations.has_siblings(meta.job_id))
+            # (a sub-agent, a side request) only with admission_sub_agents,
+            # and then ahead of every stranger's (else it is never held);
+            # never an implicit chat (its first turn was served already).
+            known = self.conversations.has_siblings(meta.job_id)
+            if not known or self.continuum_config.admission_sub_agents:
+                self.admission.on_first_turn(request, known_session=known)
 
     def _counts_untagged(self, request: Request) -> bool:
         """Does the admission gate count this untagged request (a newcomer
