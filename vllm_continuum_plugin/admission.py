@@ -176,10 +176,9 @@ class AdmissionGate:
         # growth when it ends (kept while it holds nothing, too).
         self._sizes: dict[str, tuple[int, int]] = {}
         self._growth = SlidingMean(GROWTH_WINDOW)
-        self._new: dict[str, Request] = {}  # request id -> a waiting first turn
-        # Those of ``_new`` that open a known session's new conversation:
-        # they pass the gate before every stranger's.
-        self._known: set[str] = set()
+        # request id -> (a stranger's: False for a known session's new
+        # conversation, which sorts first), a waiting first turn
+        self._new: dict[str, tuple[bool, Request]] = {}
         self._held: list[Request] = []
         self.held_total = 0  # first turns held back in a step (a turn held for k steps counts k)
         # The last decision, reused while nothing it depends on changed: the
@@ -195,9 +194,7 @@ class AdmissionGate:
         """A new job's first turn is waiting; ``known_session``: it opens a
         new conversation of a session under way (a sub-agent, a side
         request), which passes before every stranger's new job."""
-        self._new[request.request_id] = request
-        if known_session:
-            self._known.add(request.request_id)
+        self._new[request.request_id] = (not known_session, request)
         self._version += 1
 
     def on_admitted(self, job_id: str, request: Request) -> None:
@@ -205,7 +202,6 @@ class AdmissionGate:
         prompt's blocks (at least), sharing the longest prefix it has in
         common with another job under way (O(jobs) hash compares)."""
         self._new.pop(request.request_id, None)
-        self._known.discard(request.request_id)
         prompt = PromptPrefix.of_request(request, self.block_size)
         old = self._jobs.get(job_id)
         footprint = _Footprint(max(prompt.num_blocks, old.blocks if old else 0), prompt)
@@ -287,7 +283,6 @@ class AdmissionGate:
         (a first turn leaves the gate's queue; a later one's job may go
         quiet again, so the last decision is not reused)."""
         self._new.pop(request.request_id, None)
-        self._known.discard(request.request_id)
         self._version += 1
 
     # -- the gate --------------------------------------------------------------
@@ -329,9 +324,9 @@ class AdmissionGate:
     def _decide(self, waiting: Any, running: bool, now: float) -> None:
         room = self.capacity_blocks - self.demand_blocks(now)
         growth = self.expected_growth()
-        known = self._known
-        candidates = sorted((r for r in self._new.values() if r in waiting),
-                            key=lambda r: (r.request_id not in known, self._rank(r)))
+        ordered = sorted((entry for entry in self._new.values() if entry[1] in waiting),
+                         key=lambda entry: (entry[0], self._rank(entry[1])))
+        candidates = [request for _, request in ordered]
         decision: list[Request] = []
         blocked = False
         valid_until = math.inf
