@@ -84,6 +84,8 @@ def test_parse_clients_names_the_bad_value() -> None:
         ClientProfile("x", history="verbatim")
     with pytest.raises(ValueError, match="text replies"):
         ClientProfile("x", history="aiperf", replies="scripted")
+    with pytest.raises(ValueError, match="sub_agents.*'sibling'"):
+        ClientProfile("x", sub_agents="sibling")
 
 
 @pytest.mark.unit
@@ -96,13 +98,16 @@ def test_metadata_tagged_sends_every_flag_others_only_a_session() -> None:
         # No is_last_step (not even False), no tool kind, no hint.
         assert request_metadata(CLIENTS[name], "j", False, "ls") == (None, "j")
         assert request_metadata(CLIENTS[name], "j", True, "") == (None, "j")
-        assert request_metadata(CLIENTS[name], "s/agent_001", False, "", "s") == (None, "s")  # a sub-agent
+    # A sub-agent: under its parent's session id as Claude Code sends it; under
+    # an id of its own as AIPerf mints one for every child conversation.
+    for name, sub_agent_session in (("headers-only", "s"), ("reasoning", "s"), ("aiperf", "s/agent_001")):
+        assert request_metadata(CLIENTS[name], "s/agent_001", False, "", "s") == (None, sub_agent_session)
     assert request_metadata(tagged, "s/agent_001", False, "", "s")[0]["job_id"] == "s/agent_001"
     # aiperf-last-step: the session id; is_last_step only on a conversation's last request.
     last_step = CLIENTS["aiperf-last-step"]
     assert request_metadata(last_step, "j", False, "ls") == (None, "j")
     assert request_metadata(last_step, "j", True, "") == ({"is_last_step": True}, "j")
-    assert request_metadata(last_step, "s/agent_001", True, "", "s") == ({"is_last_step": True}, "s")
+    assert request_metadata(last_step, "s/agent_001", True, "", "s") == ({"is_last_step": True}, "s/agent_001")
     # The no-header profiles: nothing at all, not even on a sub-agent or a last turn.
     for name in ("no-header", "aiperf-no-header"):
         assert request_metadata(CLIENTS[name], "j", True, "") == (None, None)

@@ -36,7 +36,16 @@ three axes:
   before a user's reply; ``prose``: text with no tool call ever (what a
   model answers to AIPerf's synthetic prompts).
 
-A fourth axis, **retention** -- ``none``, or ``continuum-policy``: every
+A fourth axis, for a client that sends a session id, **sub-agents** --
+``parent``: a sub-agent's requests
+carry its parent's session id (Claude Code sends its session header on its
+``Task`` sub-agents' requests too); ``own``: each sub-agent conversation has a
+session id of its own, as AIPerf's ``weka_trace`` replay sends it (its loader
+makes each trace's ``subagent`` entry a child conversation, and AIPerf mints
+every conversation a fresh correlation id, sent as the ``--session-header``;
+the parent's id goes only in an opt-in ``X-Dynamo-Parent-Session-ID``).
+
+A fifth axis, **retention** -- ``none``, or ``continuum-policy``: every
 request carries retention directives (vLLM PR #38514's shape) as that PR's
 own benchmark's "ContinuumPolicy" writes them: the system prompt (the
 prompt's first segment) at priority 90, the history (up to the previous
@@ -47,10 +56,10 @@ only the system prompt (:func:`retention_directives`).
 
 Named profiles (:data:`CLIENTS`): ``tagged`` (today's replay: tagged,
 exact, scripted), ``headers-only`` (session, exact, calls), ``aiperf``
-(session, aiperf, prose), ``reasoning`` (session, reasoning, calls),
+(session, aiperf, prose, sub-agents own), ``reasoning`` (session, reasoning, calls),
 ``directives`` (``headers-only`` plus continuum-policy directives),
 ``aiperf-last-step`` (``aiperf`` with the last request of each conversation
-flagged: session-last, aiperf, prose -- it tells what AIPerf's missing
+flagged: session-last, aiperf, prose, own -- it tells what AIPerf's missing
 session end costs, since prose replies never say a session is over),
 ``no-header`` (none, exact, calls) and ``aiperf-no-header`` (none, aiperf,
 prose): the same clients without any session id.
@@ -90,6 +99,7 @@ _METADATA = ("tagged", "session", "session-last", "none")
 _HISTORY = ("exact", "aiperf", "reasoning")
 _REPLIES = ("scripted", "calls", "prose")
 _RETENTION = ("none", "continuum-policy")
+_SUB_AGENTS = ("parent", "own")
 # vLLM PR #38514's benchmark's "ContinuumPolicy" priorities, and how long a
 # directive keeps the system prompt (shared by every session).
 SYSTEM_PRIORITY, HISTORY_PRIORITY, TAIL_PRIORITY = 90, 70, 50
@@ -118,10 +128,12 @@ class ClientProfile:
     history: str = "exact"
     replies: str = "scripted"
     retention: str = "none"
+    sub_agents: str = "parent"
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("metadata", self.metadata, _METADATA), ("history", self.history, _HISTORY),
-                                      ("replies", self.replies, _REPLIES), ("retention", self.retention, _RETENTION)):
+                                      ("replies", self.replies, _REPLIES), ("retention", self.retention, _RETENTION),
+                                      ("sub_agents", self.sub_agents, _SUB_AGENTS)):
             if value not in allowed:
                 raise ValueError(f"ClientProfile {self.name!r}: {field} must be one of {allowed}, got {value!r}")
         if self.replies == "scripted" and self.history != "exact":
@@ -137,10 +149,10 @@ class ClientProfile:
 CLIENTS: dict[str, ClientProfile] = {
     "tagged": ClientProfile("tagged"),
     "headers-only": ClientProfile("headers-only", "session", "exact", "calls"),
-    "aiperf": ClientProfile("aiperf", "session", "aiperf", "prose"),
+    "aiperf": ClientProfile("aiperf", "session", "aiperf", "prose", sub_agents="own"),
     "reasoning": ClientProfile("reasoning", "session", "reasoning", "calls"),
     "directives": ClientProfile("directives", "session", "exact", "calls", "continuum-policy"),
-    "aiperf-last-step": ClientProfile("aiperf-last-step", "session-last", "aiperf", "prose"),
+    "aiperf-last-step": ClientProfile("aiperf-last-step", "session-last", "aiperf", "prose", sub_agents="own"),
     "no-header": ClientProfile("no-header", "none", "exact", "calls"),
     "aiperf-no-header": ClientProfile("aiperf-no-header", "none", "aiperf", "prose"),
 }
@@ -166,14 +178,17 @@ def request_metadata(
 ) -> tuple[dict[str, Any] | None, str | None]:
     """``(extra_args, session_id)`` of a request of job ``job_id``: the
     tagged metadata, or the session id alone (``session_id``, default the
-    job id: a sub-agent names its parent's session). ``last``: the job's
-    last request; ``tool_name``: the tool its reply runs ("" for none)."""
+    job id: a sub-agent's parent's session, sent as such when the profile's
+    ``sub_agents`` is ``parent``; with ``own`` every job sends its own id).
+    ``last``: the job's last request; ``tool_name``: the tool its reply runs
+    ("" for none)."""
     if client.metadata == "none":
         return None, None
+    session = job_id if client.sub_agents == "own" else session_id or job_id
     if client.metadata == "session":
-        return None, session_id or job_id
+        return None, session
     if client.metadata == "session-last":
-        return ({"is_last_step": True} if last else None), session_id or job_id
+        return ({"is_last_step": True} if last else None), session
     extra: dict[str, Any] = {"job_id": job_id, "is_last_step": last}
     if tool_name and not last:
         extra["tool_name"] = tool_name
