@@ -470,6 +470,11 @@ def test_clients_report_says_what_the_session_end_is_worth_to_aiperf() -> None:
     # No shortfall to recover: no share is claimed.
     even = _client_points(report, {"tagged": 140.0, "headers-only": 144.0, "aiperf": 138.0, "reasoning": 150.0})
     assert "recovers" not in report.last_step_lines(even, last, caps)[-1]
+    # The flag gains more than the shortfall: said so, not as a share over 100%.
+    flagged = _client_points(report, {report.LAST_STEP_PROFILE: 130.0}, (report.LAST_STEP_PROFILE,))
+    passes = report.last_step_lines(pts, flagged, caps)[-1]
+    assert "closes `aiperf`'s 20.0-point shortfall to `tagged` and passes it by 10.0 points" in passes  # 70% against 60%
+    assert "recovers" not in passes
 
 
 @pytest.mark.unit
