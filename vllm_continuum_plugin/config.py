@@ -122,10 +122,12 @@ class ContinuumConfig:
     # stranger's new job, so never behind one -- instead of letting it pass
     # at once. Off by default: in the simulator on the Claude Code traces
     # (sub-agents, H100 roofline, three arrival seeds) it sped up the
-    # headers-only and AIPerf client profiles on 70B TP4 in every run but
-    # not on 8B, where a parent waiting on its held sub-agent can cost more
-    # than the sub-agent's context; and a held sub-agent stalls an
-    # interactive user's session for up to admission_max_wait_s.
+    # headers-only client profile on 70B TP4 in every run but not on 8B,
+    # where a parent waiting on its held sub-agent can cost more than the
+    # sub-agent's context; and a held sub-agent stalls an interactive
+    # user's session for up to admission_max_wait_s. (AIPerf sends each
+    # sub-agent under a session id of its own: a stranger's new job, which
+    # this setting does not touch.)
     admission_sub_agents: bool = False
     # While a later turn of a job under way whose context is held heads the
     # waiting queue, cut each running prefill in that step to a share of the

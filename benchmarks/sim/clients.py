@@ -37,10 +37,9 @@ three axes:
   model answers to AIPerf's synthetic prompts).
 
 A fourth axis, for a client that sends a session id, **sub-agents** --
-``parent``: a sub-agent's requests
-carry its parent's session id (Claude Code sends its session header on its
-``Task`` sub-agents' requests too); ``own``: each sub-agent conversation has a
-session id of its own, as AIPerf's ``weka_trace`` replay sends it (its loader
+``parent``: a sub-agent's requests carry its parent's session id (Claude
+Code sends its session header on its ``Task`` sub-agents' requests too);
+``own``: each sub-agent conversation has a session id of its own, as AIPerf's ``weka_trace`` replay sends it (its loader
 makes each trace's ``subagent`` entry a child conversation, and AIPerf mints
 every conversation a fresh correlation id, sent as the ``--session-header``;
 the parent's id goes only in an opt-in ``X-Dynamo-Parent-Session-ID``).
@@ -59,7 +58,7 @@ exact, scripted), ``headers-only`` (session, exact, calls), ``aiperf``
 (session, aiperf, prose, sub-agents own), ``reasoning`` (session, reasoning, calls),
 ``directives`` (``headers-only`` plus continuum-policy directives),
 ``aiperf-last-step`` (``aiperf`` with the last request of each conversation
-flagged: session-last, aiperf, prose, own -- it tells what AIPerf's missing
+flagged: session-last, aiperf, prose, sub-agents own -- it tells what AIPerf's missing
 session end costs, since prose replies never say a session is over),
 ``no-header`` (none, exact, calls) and ``aiperf-no-header`` (none, aiperf,
 prose): the same clients without any session id.
