@@ -431,8 +431,8 @@ def test_clients_report_verdict_states_each_bar_from_the_figures() -> None:
     # tagged closes 60%; headers-only 56% (within 5 points), aiperf 50%
     # (trails by 10), reasoning slower than FCFS.
     pts = _client_points(report, {"tagged": 140.0, "headers-only": 144.0, "aiperf": 150.0, "reasoning": 210.0})
-    caps = [{"arm": f"fcfs-cap{k}", "jct_mean_s": jct, "jct_p90_s": jct, "ttft_mean_s": 0.1, "hit_share": 0.9}
-            for k, jct in ((12, 145.0), (8, 170.0))]
+    caps = [{"client": c, "arm": f"fcfs-cap{k}", "jct_mean_s": jct, "jct_p90_s": jct, "ttft_mean_s": 0.1,
+             "hit_share": 0.9} for c in ("tagged", *report.CAP_CLIENTS) for k, jct in ((12, 145.0), (8, 170.0))]
     lines = report.high_verdict(pts, caps, spread=True)
     by = {line.split("`")[1]: line for line in lines[1:]}
     assert "`fcfs-cap12` at 145.0 s" in lines[0]
@@ -445,7 +445,8 @@ def test_clients_report_verdict_states_each_bar_from_the_figures() -> None:
     assert "(>= 2x)" not in by["tagged"]  # the spread bars are headers-only's
     rows = report.client_table(pts, caps)
     assert any(r.startswith("| aiperf | continuum | 150.0 | 1.33x | +7.1% |") for r in rows)
-    assert rows[-2].startswith("| tagged | fcfs-cap8 |") and rows[-1].startswith("| tagged | fcfs-cap12 |")
+    assert rows[-6].startswith("| tagged | fcfs-cap8 |") and rows[-5].startswith("| tagged | fcfs-cap12 |")
+    assert rows[-1].startswith("| reasoning | fcfs-cap12 |")
     low = report.low_verdict(_client_points(report, {"tagged": 200.0, "headers-only": 201.0,
                                                     "aiperf": 203.0, "reasoning": 199.0}))
     assert [("holds" in line) for line in low] == [True, True, False, True]
@@ -458,7 +459,7 @@ def test_clients_report_says_what_the_session_end_is_worth_to_aiperf() -> None:
     # request brings it to 58%: 90% of the shortfall, within 5 points.
     pts = _client_points(report, {"tagged": 140.0, "headers-only": 144.0, "aiperf": 160.0, "reasoning": 150.0})
     last = _client_points(report, {report.LAST_STEP_PROFILE: 142.0}, (report.LAST_STEP_PROFILE,))
-    caps = [{"arm": "fcfs-cap12", "jct_mean_s": 141.0}]
+    caps = [{"client": c, "arm": "fcfs-cap12", "jct_mean_s": 141.0} for c in ("tagged", "aiperf")]
     lines = report.last_step_lines(pts, last, caps)
     assert lines[2].startswith("| aiperf | continuum | 160.0 | 1.25x | +14.3% |")
     assert lines[3].startswith("| aiperf-last-step | continuum | 142.0 | 1.41x | +1.4% |")
@@ -478,6 +479,38 @@ def test_clients_report_says_what_the_session_end_is_worth_to_aiperf() -> None:
 
 
 @pytest.mark.unit
+def test_clients_report_holds_each_profile_to_the_caps_over_its_own_prompts() -> None:
+    report = _clients_report()
+    # aiperf's prompts make every arm slower: its continuum (150 s) trails
+    # the caps over the tagged client's prompts (145 s) but is ahead of the
+    # same caps over its own (152 s); aiperf-last-step and aiperf-no-header
+    # send aiperf's prompts, headers-only and no-header the tagged client's.
+    pts = _client_points(report, {"tagged": 140.0, "headers-only": 144.0, "aiperf": 150.0, "reasoning": 150.0})
+    caps = [{"client": c, "arm": f"fcfs-cap{k}", "jct_mean_s": jct, "jct_p90_s": jct, "ttft_mean_s": 0.1,
+             "hit_share": 0.9}
+            for c, k, jct in (("tagged", 12, 145.0), ("tagged", 16, 147.0), ("aiperf", 12, 153.0),
+                              ("aiperf", 16, 152.0), ("reasoning", 12, 149.0))]
+    lines = report.high_verdict(pts, caps, spread=False)
+    by = {line.split("`")[1]: line for line in lines[1:]}
+    assert "`fcfs-cap12` at 145.0 s over the tagged client's prompts" in lines[0]
+    assert "`fcfs-cap16` at 152.0 s over `aiperf`'s" in lines[0]
+    assert "-1.3% against the best cap (ahead): **holds**" in by["aiperf"]  # 150 / 152
+    assert "+0.7% against the best cap (ahead): **misses**" in by["reasoning"]  # 150 / 149
+    assert "-0.7% against the best cap (ahead): **holds**" in by["headers-only"]  # 144 / 145
+    assert report.best_cap(caps, report.LAST_STEP_PROFILE)["jct_mean_s"] == 152.0
+    assert report.best_cap(caps, "aiperf-no-header")["jct_mean_s"] == 152.0
+    assert report.best_cap(caps, "no-header")["jct_mean_s"] == 145.0
+    with pytest.raises(ValueError, match="'reasoning'"):
+        report.best_cap([c for c in caps if c["client"] != "reasoning"], "reasoning")
+    # Each cap row names the prompts it ran over and its gap against that
+    # client's own FCFS and oracle.
+    rows = report.client_table(pts, caps)
+    assert "| aiperf | fcfs-cap16 | 152.0 | 1.32x | | 152.0 | 0.10 | 90.0% | | +48.0% |" in rows
+    assert rows.index(next(r for r in rows if r.startswith("| tagged | fcfs-cap12"))) < \
+        rows.index(next(r for r in rows if r.startswith("| aiperf | fcfs-cap12")))
+
+
+@pytest.mark.unit
 def test_clients_report_points_are_commands_the_simulator_takes() -> None:
     report = _clients_report()
     for wl in report.WORKLOADS:
@@ -486,13 +519,15 @@ def test_clients_report_points_are_commands_the_simulator_takes() -> None:
             assert 0 < low < high
             simulate.build_parser().parse_args([*wl.argv, "--profile", prof, "--rate", f"{high:g}",
                                                 "--client", ",".join(report.CLIENT_PROFILES)])
+            simulate.build_parser().parse_args([*wl.argv, "--profile", prof, "--rate", f"{high:g}",
+                                                "--policies", report.CAPS, "--client", ",".join(report.CAP_CLIENTS)])
 
 
 @pytest.mark.unit
 def test_clients_report_writes_readme_block_between_its_markers(tmp_path) -> None:
     report = _clients_report()
     pts = _client_points(report, {"tagged": 140.0, "headers-only": 144.0, "aiperf": 150.0, "reasoning": 210.0})
-    caps = [{"arm": "fcfs-cap12", "jct_mean_s": 145.0}]
+    caps = [{"client": "tagged", "arm": "fcfs-cap12", "jct_mean_s": 145.0}]
     row = report.summary_row("trace, h100-llama8b, 1", pts, caps)
     assert row == "| trace, h100-llama8b, 1 | 40% | +55% (fcfs-cap12) | +60% (1.43x) | +56% (1.39x) | +50% (1.33x) | -10% (0.95x) |"
     last = _client_points(report, {report.LAST_STEP_PROFILE: 142.0}, (report.LAST_STEP_PROFILE,))
