@@ -76,6 +76,7 @@ CAPS = "fcfs-cap8,fcfs-cap12,fcfs-cap16,fcfs-cap24"
 # so a profile is compared with the caps over the prompts it sends itself
 # (``PROMPTS_OF``: whose prompts a profile sends, where they are another's).
 CAP_CLIENTS = ("aiperf", "reasoning")
+CAP_ORDER = ("tagged", *CAP_CLIENTS)  # the caps' rows, by whose prompts they ran over
 PROMPTS_OF = {"headers-only": "tagged", "no-header": "tagged",
               LAST_STEP_PROFILE: "aiperf", "aiperf-no-header": "aiperf"}
 PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
@@ -134,8 +135,6 @@ def client_table(points: list[dict], caps: list[dict], clients: tuple[str, ...] 
                 f"| {p['jct_mean_s'] / tagged['jct_mean_s'] - 1:+.1%} | {p['jct_p90_s']:.1f} "
                 f"| {p['ttft_mean_s']:.2f} | {p['hit_share']:.1%} | {pins} | {gap} |")
     for p in sorted(caps, key=lambda p: (CAP_ORDER.index(p["client"]), int(p["arm"].removeprefix("fcfs-cap")))):
-        if (p["client"], "fcfs") not in by:
-            continue
         fcfs, oracle = by[(p["client"], "fcfs")]["jct_mean_s"], by[(p["client"], "oracle")]["jct_mean_s"]
         gap = (fcfs - p["jct_mean_s"]) / (fcfs - oracle) if fcfs > oracle else None
         rows.append(
@@ -145,14 +144,10 @@ def client_table(points: list[dict], caps: list[dict], clients: tuple[str, ...] 
     return rows
 
 
-CAP_ORDER = ("tagged", *CAP_CLIENTS)
-
-
 def best_cap(caps: list[dict], client: str) -> dict:
-    """The fastest fixed cap over the prompts ``client`` sends (its own caps
-    where it has them, else those of the profile whose prompts it sends, else
-    the tagged client's)."""
-    prompts = client if client in CAP_CLIENTS else PROMPTS_OF.get(client, "tagged")
+    """The fastest fixed cap over the prompts ``client`` sends (those of the
+    profile whose prompts it sends, ``PROMPTS_OF``, else its own)."""
+    prompts = PROMPTS_OF.get(client, client)
     mine = [p for p in caps if p["client"] == prompts]
     if not mine:
         raise ValueError(f"no fixed-cap points under the {prompts!r} client's prompts (for {client!r})")
@@ -181,8 +176,8 @@ def high_verdict(points: list[dict], caps: list[dict], spread: bool,
     by = {(p["client"], p["arm"]): p for p in points}
     tagged_cap = best_cap(caps, "tagged")
     tagged_gap = by[("tagged", "continuum")]["gap_closed"]
-    others = [f"`{best_cap(caps, c)['arm']}` at {best_cap(caps, c)['jct_mean_s']:.1f} s over `{c}`'s"
-              for c in CAP_CLIENTS if any(p["client"] == c for p in caps)]
+    others = [f"`{cap['arm']}` at {cap['jct_mean_s']:.1f} s over `{c}`'s"
+              for c in CAP_CLIENTS if any(p["client"] == c for p in caps) for cap in [best_cap(caps, c)]]
     lines = [f"FCFS's hit share {by[('tagged', 'fcfs')]['hit_share']:.1%}; the best fixed cap is "
              f"`{tagged_cap['arm']}` at {tagged_cap['jct_mean_s']:.1f} s over the tagged client's prompts"
              + ("" if not others else "; " + ", ".join(others)) + "."]
