@@ -201,7 +201,11 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
              "Mean per turn: the wait for its prefix to load from the host tier (vLLM's asynchronous "
              "loads), the rest of its queueing (waiting for room in the GPU pool or a place in the batch) "
              "and the time from its first scheduled step to its first token. `without loads` is the TTFT "
-             "if every load had finished before its turn arrived: the most prefetching could give.", "",
+             "if every load had finished before its turn arrived: the most prefetching could give. What "
+             "the turns wait for is room in the GPU pool: under the plugin (`continuum-native-offload`) a "
+             "job's next turn whose context the tier holds does not wait for it behind younger jobs' "
+             "decodes, which are preempted and reloaded from the tier when they resume "
+             "(`preempt_for_turns`, docs/scheduling.md).", "",
              "| arm | TTFT mean s | load wait s | other queueing s | first step to token s | "
              "without loads s | JCT mean s |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -217,6 +221,7 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
     reachable: list[str] = []
     beyond: list[str] = []
     for tier, pts in per_tier.items():
+        stock = next((p for p in pts if p["arm"] == "native-offload"), None)
         for p in pts:
             load = p["load_wait_mean_s"]
             without = p["ttft_mean_s"] - load
@@ -229,7 +234,10 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
                 (already if p["ttft_mean_s"] <= bar else reachable if without <= bar else beyond).append(name)
                 verdicts.append(f"{name}: {p['ttft_mean_s']:.2f} s, of which loads "
                                 f"{load:.2f} s ({load / p['ttft_mean_s']:.0%}); without them {without:.2f} s, "
-                                f"{'within' if without <= bar else 'above'} 2x the oracle's ({bar:.2f} s)")
+                                f"{'within' if without <= bar else 'above'} 2x the oracle's ({bar:.2f} s)"
+                                + ("" if stock is None or p is stock else
+                                   f"; mean JCT {p['jct_mean_s']:.1f} s against stock + native offloading's "
+                                   f"{stock['jct_mean_s']:.1f} s ({p['jct_mean_s'] / stock['jct_mean_s'] - 1:+.1%})"))
     lines.append("")
     if verdicts:
         lines += ["- " + v + "." for v in verdicts]

@@ -125,6 +125,13 @@ def test_the_ttft_split_says_what_prefetching_could_give_at_most():
                          "bring it within 2x the oracle's for `native-offload` at 64 GiB: the turns wait for "
                          "room in the GPU pool (the oracle's pool never fills), not for their loads; a prefetch "
                          "would take that room earlier.")
+    # The plugin's arm is held to stock + native offloading's mean JCT at the same tier (the bar
+    # is a lower TTFT without a higher JCT).
+    faster = native("continuum-native-offload", 0.38, 0.1, 0.02) | {"jct_mean_s": 1089.0}
+    text = "\n".join(sec.ttft_section("h100-llama8b", 1.0, oracle, {
+        "256": [native("native-offload", 1.6, 1.4, 0.05), faster]}))
+    assert "mean JCT 1089.0 s against stock + native offloading's 1100.0 s (-1.0%)" in text
+    assert text.count("against stock + native offloading's") == 1  # not said of stock itself
 
 
 def test_the_verdict_says_what_bounds_the_plugins_ratio_over_stock_native_offloading():

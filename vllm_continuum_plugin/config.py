@@ -138,6 +138,17 @@ class ContinuumConfig:
     # cut prefill holds longer press on the pins (70B traces at 0.5
     # sessions/min, no tier: 6.8% slower mean JCT with "always").
     cut_long_prefills: str = "with_tier"
+    # Under a foreign KV connector's host tier (vLLM's native offloading,
+    # LMCache), when a later turn of a job under way whose context is held
+    # heads the waiting queue for preempt_for_turns_after_s without GPU room,
+    # and the tier's measured reload beats a prefill, preempt decodes of jobs
+    # ranked after it until their blocks make room (turn_room): the tier
+    # reloads them when they resume.
+    preempt_for_turns: bool = True
+    # How long such a turn waits for room before decodes are preempted for
+    # it (0: at once. Traces, 256 GiB tier: 0 s gave H100 8B at 1 session/min
+    # a mean TTFT of 0.42 s against 1.01 s with 0.5 s, and a lower mean JCT).
+    preempt_for_turns_after_s: float = ranged(0.0, Range(0.0, 3600.0))
     # Samples kept per tool key (and globally) for the CDF. Capped at 2**16:
     # each new sample is an O(n) insert and each decision an O(n) pass on
     # the scheduler thread.

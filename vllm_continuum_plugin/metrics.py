@@ -113,6 +113,7 @@ class EngineMetrics:
         # Steps whose long prefills were cut so that a job's next turn ran
         # in them (prefill_chunks).
         self.prefill_cuts = 0
+        self.turn_room_preemptions = 0
         self.retention = dict.fromkeys(RETENTION_OUTCOMES, 0)
         # Blocks that directives' low priorities sent to the front of the
         # free queue.
@@ -199,6 +200,11 @@ class EngineMetrics:
             self.prefill_cuts += 1
             self._dirty = True
 
+    def on_turn_room_preemptions(self, count: int) -> None:
+        with self._lock:
+            self.turn_room_preemptions += count
+            self._dirty = True
+
     def on_new_conversation(self) -> None:
         with self._lock:
             self.conversations_started += 1
@@ -248,6 +254,7 @@ class EngineMetrics:
                 "context_mismatches": self.context_mismatches,
                 "conversations_started": self.conversations_started,
                 "prefill_cuts": self.prefill_cuts,
+                "turn_room_preemptions": self.turn_room_preemptions,
                 "retention": dict(self.retention),
                 "retention_evicted_first_blocks": self.retention_evicted_first_blocks,
             }
@@ -438,6 +445,12 @@ class SnapshotCollector:
             "waiting, ran in them.",
             labels=labels,
         )
+        room = CounterMetricFamily(
+            PREFIX + "turn_room_preemptions",
+            "Decodes preempted so that a job's next turn, waiting for GPU room with its context in a host "
+            "tier, ran (the tier reloads them when they resume).",
+            labels=labels,
+        )
         retention = CounterMetricFamily(
             PREFIX + "retention_directives",
             "Requests with retention directives by outcome: accepted (reached the scheduler), honoured (a "
@@ -460,6 +473,7 @@ class SnapshotCollector:
             mismatches.add_metric(values, snap.get("context_mismatches", 0))
             conversations.add_metric(values, snap.get("conversations_started", 0))
             cuts.add_metric(values, snap.get("prefill_cuts", 0))
+            room.add_metric(values, snap.get("turn_room_preemptions", 0))
             held.add_metric(values, snap.get("admission_held", 0))
             pinned.add_metric(values, snap["pinned_blocks"])
             jobs.add_metric(values, snap["pinned_jobs"])
@@ -492,6 +506,7 @@ class SnapshotCollector:
             mismatches,
             conversations,
             cuts,
+            room,
             retention,
             evicted_first,
         ]

@@ -104,6 +104,7 @@ from .finished_turns import FinishedTurnsMixin
 from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
 from .soft_pins import SoftPins
+from .turn_room import TurnRoom
 from .policies import PLUGIN_POLICIES
 from .prefill_chunks import NextTurnNeeds, PrefillChunks
 from .reply_reader import ReplyReader
@@ -260,14 +261,22 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
             NextTurnNeeds(self.jobs, self.pins, self.block_size, has_tier),
             on_cut=self.continuum_metrics.on_prefill_cut,
         ) if cut else None
+        # A job's next turn whose context a foreign host tier holds is not
+        # kept waiting for GPU room by younger jobs' decodes (turn_room).
+        self.turn_room: TurnRoom | None = TurnRoom(
+            self, self.order.ranked_arrival, NextTurnNeeds(self.jobs, self.pins, self.block_size, True),
+            self.tier.pins_are_cheap, cfg.preempt_for_turns_after_s,
+            on_preempt=self.continuum_metrics.on_turn_room_preemptions,
+        ) if self.tier is not None and cfg.preempt_for_turns and self.pinning_enabled else None
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
-            "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s decider=%s", self.continuum_policy,
+            "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s turn_room=%s decider=%s",
+            self.continuum_policy,
             cfg.ttl_policy, type(self).__name__, self.pinning_enabled, self.max_pinned_blocks,
             self.implicit_jobs is not None,
             "off" if self.admission is None else f"{self.admission.capacity_blocks} blocks"
             + (f" (pool and {self.gate_tier.connector}'s host tier)" if self.gate_tier else ""),
-            self.prefill_chunks is not None, type(self.decider).__name__,
+            self.prefill_chunks is not None, self.turn_room is not None, type(self.decider).__name__,
         )
         if not self.pinning_enabled:
             logger.warning(
@@ -395,6 +404,9 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         gate = self.admission
         if gate is not None:
             gate.hold_back(self.waiting, bool(self.running), self.clock.time())
+        room = self.turn_room
+        if room is not None:
+            room.make_room(self.clock.time())
         chunks = self.prefill_chunks
         if chunks is not None:
             chunks.apply((self.kv_holding_waiting, self.waiting), self.running)
@@ -403,6 +415,8 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         finally:
             if chunks is not None:
                 chunks.restore()
+            if room is not None:
+                room.restore()
             if gate is not None:
                 self.continuum_metrics.on_admission(gate.restore(self.waiting))
         if output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids:
