@@ -68,9 +68,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scripts.sim_report import SimPoints, replace_readme_block  # noqa: E402
 
 from scripts.capacity_scoring import (  # noqa: E402
-    BASE_ARMS, CAPS, EVICTED_ARMS, OFFLOAD_ARMS, SEED_CHECK_ARMS, SEED_CHECK_RATES, SEED_CHECK_TIER, SOLO_RATE,
+    BASE_ARMS, CAPS, EVICTED_ARMS, OFFLOAD_ARMS, PLUGIN_NATIVE_ARM, SEED_CHECK_ARMS, SEED_CHECK_RATES, SEED_CHECK_TIER, SOLO_RATE,
     STATIC_CUT_ARMS, STATIC_CUT_TIERS, STATIC_CUT_TOKENS, VICTIM_ARM, WORKLOAD, Slo, arm_series, attainment,
-    bar_rate, rate_union, rates_run, relabel_static_cut, solo_jcts, static_cut,
+    bar_rate, rate_union, rates_run, relabel_static_cut, solo_jcts, static_cut, superseded,
 )
 from scripts.capacity_sections import (  # noqa: E402
     NATIVE_ARMS, offload_verdict, profile_section, readme_body, seed_check_readme, seed_check_section,
@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         "what the GPU pool still has). Finer rates run for the offload arms and the oracle where their capacities",
         "fall between two rates of the sweep, and at 1.5x stock + native offloading's capacity at each tier (the",
         "issue's bar), so the page says whether anything, the oracle included, sustains that rate.",
+        f"`{PLUGIN_NATIVE_ARM}` runs in points of its own (`*-plugin-native`, same arrivals): the runs of it in",
+        "the older points that ran it beside the stock arms (listed under Commands) are superseded, not shown.",
         "",
         f"Chunked prefill: `{static_cut('native-offload')}` and `{static_cut('oracle')}` run the stock scheduler with "
         f"vLLM's own `--long-prefill-token-threshold {STATIC_CUT_TOKENS}` (every prefill's chunk cut to "
@@ -224,13 +226,17 @@ def main(argv: list[str] | None = None) -> int:
         per_tier: dict[str, list[dict[str, Any]]] = {}
         for t in tiers:
             tier = ["--offload-gib", t]
-            per_tier[t] = [*point(f"{prof}-offload-{t}g", [*sweep, "--policies", ",".join(OFFLOAD_ARMS), *tier]),
+            per_tier[t] = [*superseded(point(f"{prof}-offload-{t}g", [*sweep, "--policies", ",".join(OFFLOAD_ARMS),
+                                                                       *tier])),
                            *point(f"{prof}-offload-{t}g-victim", [*sweep, "--policies", VICTIM_ARM, *tier]),
                            *point(f"{prof}-offload-{t}g-evicted", [*sweep, "--policies", ",".join(EVICTED_ARMS),
-                                                                   *tier])]
+                                                                   *tier]),
+                           *point(f"{prof}-offload-{t}g-plugin-native", [
+                               *base, "--sweep-rate", rate_union(rates, fine.get(t, "")), "--policies",
+                               PLUGIN_NATIVE_ARM, *tier])]
             if t in fine:
-                per_tier[t] += point(f"{prof}-offload-{t}g-fine", [
-                    *base, "--sweep-rate", fine[t], "--policies", ",".join((*OFFLOAD_ARMS, VICTIM_ARM)), *tier])
+                per_tier[t] += superseded(point(f"{prof}-offload-{t}g-fine", [
+                    *base, "--sweep-rate", fine[t], "--policies", ",".join((*OFFLOAD_ARMS, VICTIM_ARM)), *tier]))
                 per_tier[t] += point(f"{prof}-offload-{t}g-fine-evicted", [
                     *base, "--sweep-rate", fine[t], "--policies", ",".join(EVICTED_ARMS), *tier])
             if t in STATIC_CUT_TIERS:
@@ -256,9 +262,11 @@ def main(argv: list[str] | None = None) -> int:
                 break
             suffix = "bar" if bar_round == 0 else f"bar{bar_round + 1}"
             for t, bar in bars.items():
-                got = point(f"{prof}-offload-{t}g-{suffix}", [*base, "--rate", f"{bar:g}", "--policies",
-                                                              ",".join((*OFFLOAD_ARMS, VICTIM_ARM, "oracle")),
-                                                              "--offload-gib", t])
+                got = superseded(point(f"{prof}-offload-{t}g-{suffix}", [
+                    *base, "--rate", f"{bar:g}", "--policies", ",".join((*OFFLOAD_ARMS, VICTIM_ARM, "oracle")),
+                    "--offload-gib", t]))
+                got += point(f"{prof}-offload-{t}g-{suffix}-plugin-native", [
+                    *base, "--rate", f"{bar:g}", "--policies", PLUGIN_NATIVE_ARM, "--offload-gib", t])
                 got += point(f"{prof}-offload-{t}g-{suffix}-evicted", [
                     *base, "--rate", f"{bar:g}", "--policies", ",".join(EVICTED_ARMS), "--offload-gib", t])
                 if t in STATIC_CUT_TIERS:
@@ -286,8 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         ttft_rate = float(args.ttft_rate) if args.ttft_rate else DEFAULT_TTFT_RATE.get(prof, 0.0)
         if ttft_rate > 0:
             # Its own runs (the sweep's results predate the records of load waits); same arrivals.
-            split = {t: point(f"{prof}-ttft-{t}g", [*base, "--rate", f"{ttft_rate:g}", "--policies",
-                                                      ",".join(NATIVE_ARMS), "--offload-gib", t]) for t in tiers}
+            # (The plugin's own points record load waits: its run at that rate, where the sweep has one.)
+            split = {}
+            for t in tiers:
+                ours = [p for p in per_tier[t] if p["arm"] == PLUGIN_NATIVE_ARM
+                        and abs(p["rate_per_min"] - ttft_rate) < 1e-9 and "load_wait_mean_s" in p]
+                split[t] = [*superseded(point(f"{prof}-ttft-{t}g", [*base, "--rate", f"{ttft_rate:g}", "--policies",
+                                                                    ",".join(NATIVE_ARMS), "--offload-gib", t])),
+                            *(ours or point(f"{prof}-ttft-{t}g-plugin-native", [
+                                *base, "--rate", f"{ttft_rate:g}", "--policies", PLUGIN_NATIVE_ARM, "--offload-gib", t]))]
             oracle = arm_series(pts, "oracle").get(ttft_rate)
             lines += ttft_section(prof, ttft_rate, oracle, split)
         if seed_sims and SEED_CHECK_TIER in tiers and prof in SEED_CHECK_RATES:
@@ -295,9 +310,13 @@ def main(argv: list[str] | None = None) -> int:
             for seed, ss in seed_sims.items():
                 seed_solo = solo_jcts(point(f"seed{seed}/{prof}-solo", [
                     *base, "--rate", f"{SOLO_RATE:g}", "--policies", "oracle"], ss))
-                checks[seed] = (seed_solo, point(f"seed{seed}/{prof}-offload-{SEED_CHECK_TIER}g", [
-                    *base, "--sweep-rate", SEED_CHECK_RATES[prof], "--policies", ",".join(SEED_CHECK_ARMS),
-                    "--offload-gib", SEED_CHECK_TIER], ss))
+                sweep_check = [*base, "--sweep-rate", SEED_CHECK_RATES[prof]]
+                tier_check = ["--offload-gib", SEED_CHECK_TIER]
+                checks[seed] = (seed_solo, [
+                    *superseded(point(f"seed{seed}/{prof}-offload-{SEED_CHECK_TIER}g", [
+                        *sweep_check, "--policies", ",".join(SEED_CHECK_ARMS), *tier_check], ss)),
+                    *point(f"seed{seed}/{prof}-offload-{SEED_CHECK_TIER}g-plugin-native", [
+                        *sweep_check, "--policies", PLUGIN_NATIVE_ARM, *tier_check], ss)])
             section, seed_found[prof] = seed_check_section(prof, SEED_CHECK_TIER, caps_by_arm, checks, slo)
             lines += section
         plots.append((prof, shares))

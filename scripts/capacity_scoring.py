@@ -24,6 +24,19 @@ VICTIM_ARM = "continuum-offload-explicit"
 # too, for the same reason.
 EVICTED_ARMS = ("continuum-offload-victim", "offload-victim")
 CAPS = ("fcfs-cap8", "fcfs-cap12", "fcfs-cap16")
+# The plugin + native offloading runs in points of its own (``-plugin-native``
+# beside each point that runs the stock arms): the plugin's scheduler
+# changes far more often than the stock arms, and a change to it then reruns
+# only its own runs. The points that ran it beside the stock arms (before
+# ``preempt_for_turns``) keep their command; their runs of it are superseded
+# (``superseded``), not shown.
+PLUGIN_NATIVE_ARM = "continuum-native-offload"
+
+
+def superseded(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``points`` without :data:`PLUGIN_NATIVE_ARM`'s: it has points of its
+    own."""
+    return [p for p in points if p["arm"] != PLUGIN_NATIVE_ARM]
 # vLLM's own static chunk cut (``--long-prefill-token-threshold``, every
 # prefill in every step) under the stock scheduler, with native offloading
 # and for the oracle: what the flag alone gives, beside the plugin's cut for

@@ -301,6 +301,16 @@ def test_rate_lists_merge_sorted_without_repeats():
     assert cs.rate_union("0.25,0.5", "") == "0.25,0.5"  # a tier without finer rates
 
 
+def test_the_plugin_with_native_offloading_is_judged_on_its_own_points_only():
+    # An older point ran it beside the stock arms (before preempt_for_turns); its own point is the code
+    # the page reports: the older run must not stand beside it as a second series of the same arm.
+    stock = {"arm": "native-offload", "rate_per_min": 0.5}
+    old = {"arm": cs.PLUGIN_NATIVE_ARM, "rate_per_min": 0.5, "code_commit": "old"}
+    assert cs.superseded([stock, old, {"arm": "continuum-offload", "rate_per_min": 0.5}]) == [
+        stock, {"arm": "continuum-offload", "rate_per_min": 0.5}]
+    assert cs.PLUGIN_NATIVE_ARM in cs.OFFLOAD_ARMS and cs.PLUGIN_NATIVE_ARM in sec.NATIVE_ARMS  # what it supersedes
+
+
 def test_the_seed_check_gives_each_arms_capacity_and_ratio_on_another_draw_beside_seed_7s():
     solo = {f"j{i}": (100.0, 1000) for i in range(10)}
     fine, slow = [110.0] * 10, [110.0] * 8 + [200.0] * 2  # 100% and 80% keep the SLO
