@@ -80,6 +80,9 @@ TESTS=(
 # The per-step prefill cut sets vLLM's long_prefill_token_threshold around
 # its schedule(): checked against this vLLM's loop too.
 TESTS+=(tests/test_prefill_chunks.py)
+# turn_room preempts through vLLM's own _preempt_request (its signature and
+# the running/waiting queues it touches): checked against this vLLM too.
+TESTS+=(tests/test_turn_room.py)
 # The offload connector's engine-free tests (the CPU store, the worker's
 # block copies, the offload scheduler side, settings, stats) import
 # connectors/ against this vLLM. Its engine tests (tests/test_connector.py)
