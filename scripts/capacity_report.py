@@ -68,7 +68,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scripts.sim_report import SimPoints, replace_readme_block  # noqa: E402
 
 from scripts.capacity_scoring import (  # noqa: E402
-    BASE_ARMS, CAPS, EVICTED_ARMS, OFFLOAD_ARMS, PLUGIN_NATIVE_ARM, SEED_CHECK_ARMS, SEED_CHECK_RATES, SEED_CHECK_TIER, SOLO_RATE,
+    BASE_ARMS, CAPS, EVICTED_ARMS, OFFLOAD_ARMS, PLUGIN_NATIVE_ARM, SEED_CHECK_ARMS, SEED_CHECK_RATES, SEED_CHECK_TIER,
+    SOLO_RATE,
     STATIC_CUT_ARMS, STATIC_CUT_TIERS, STATIC_CUT_TOKENS, VICTIM_ARM, WORKLOAD, Slo, arm_series, attainment,
     bar_rate, rate_union, rates_run, relabel_static_cut, solo_jcts, static_cut, superseded,
 )

@@ -256,15 +256,19 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         # (by default only under a KV connector: see cut_long_prefills).
         has_tier = self.connector is not None
         cut = cfg.cut_long_prefills == "always" or (cfg.cut_long_prefills == "with_tier" and has_tier)
+        # What a waiting next turn must compute over its held context: one
+        # estimate for the prefill cut and turn_room (a foreign tier implies
+        # a connector, so has_tier holds for both).
+        next_turn_needs = NextTurnNeeds(self.jobs, self.pins, self.block_size, has_tier)
         self.prefill_chunks: PrefillChunks | None = PrefillChunks(
             self.scheduler_config, self.max_num_scheduled_tokens, self.block_size,
-            NextTurnNeeds(self.jobs, self.pins, self.block_size, has_tier),
+            next_turn_needs,
             on_cut=self.continuum_metrics.on_prefill_cut,
         ) if cut else None
         # A job's next turn whose context a foreign host tier holds is not
         # kept waiting for GPU room by younger jobs' decodes (turn_room).
         self.turn_room: TurnRoom | None = TurnRoom(
-            self, self.order.ranked_arrival, NextTurnNeeds(self.jobs, self.pins, self.block_size, True),
+            self, self.order.ranked_arrival, next_turn_needs,
             self.tier.pins_are_cheap, cfg.preempt_for_turns_after_s,
             on_preempt=self.continuum_metrics.on_turn_room_preemptions,
         ) if self.tier is not None and cfg.preempt_for_turns and self.pinning_enabled else None

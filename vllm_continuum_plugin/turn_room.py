@@ -42,8 +42,6 @@ from typing import Any
 from vllm.utils.math_utils import cdiv
 from vllm.v1.request import Request, RequestStatus
 
-from .request_record import request_meta
-
 __all__ = ["TurnRoom"]
 
 
@@ -72,7 +70,6 @@ class TurnRoom:
         self.max_victims = max_victims
         self._on_preempt = on_preempt
         self._held: list[Request] = []
-        self.preempted_total = 0
 
     def _candidate(self, waiting: Iterable[Request], limit: int = 16) -> tuple[Request, list[Request]] | None:
         """The first request of ``waiting`` (in queue order) that is a new
@@ -106,8 +103,8 @@ class TurnRoom:
         if found is None:
             return []
         turn, ahead = found
-        if (now - turn.arrival_time < self.after_s or request_meta(turn).job_id is None
-                or self._context_held(turn) is None):
+        # (None from context_held: not a later turn of a job whose context is held.)
+        if now - turn.arrival_time < self.after_s or self._context_held(turn) is None:
             return []
         block_size = sched.block_size
         need = cdiv(turn.num_tokens + 1, block_size)
@@ -138,7 +135,6 @@ class TurnRoom:
         sched.waiting.remove_requests(held)
         self._held = held
         if victims:
-            self.preempted_total += len(victims)
             self._on_preempt(len(victims))
         return victims
 
