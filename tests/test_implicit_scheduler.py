@@ -25,7 +25,7 @@ from harness import (
 )
 from vllm.v1.request import RequestStatus
 
-from vllm_continuum_plugin.implicit_jobs import is_implicit_chat, is_implicit_job
+from vllm_continuum_plugin.implicit_jobs import MIN_ANSWERS, is_implicit_chat, is_implicit_job
 
 BLOCK = 16
 EOS = 2
@@ -302,6 +302,69 @@ def test_an_untagged_answer_continued_by_prefix_becomes_a_chat_whose_context_is_
     assert snap["tool_seconds"]["count"] == 1  # the gap before r3 was measured
     s.clock.advance(3600.0)  # nobody comes back: the pin lapses
     step(s)
+    assert_all_blocks_free(s)
+
+
+def warm_up_answers(s, followed_up: bool) -> None:
+    """``MIN_ANSWERS`` untagged answers of the default scope, each followed
+    up once by a hash-block rebuild (two-turn chats) or never (one-shot
+    requests); the pool is then left quiet until every pin lapsed."""
+    for i in range(MIN_ANSWERS):
+        prompt = prompt_of(3000 + i, 3 * BLOCK)
+        agent_turn(s, prompt, PROSE)
+        if followed_up:
+            agent_turn(s, hash_block_rebuild(prompt, prompt_of(4000 + i, BLOCK)), PROSE)
+    s.clock.advance(3600.0)
+    step(s)
+
+
+def test_where_answers_come_back_an_answer_is_kept_as_its_chats_first_turn():
+    # A chat client or AIPerf's replay without a session header: the scope's
+    # answers are followed up, so the first answer of a new conversation is
+    # kept for its user's next message instead of aging out as stock (the
+    # chat starts at its first answer, not at its second).
+    s = make_scheduler(num_blocks=64, max_num_seqs=2)
+    warm_up_answers(s, followed_up=True)
+    assert s.implicit_jobs.answer_return_rate() == 1.0
+    started = s.continuum_metrics.snapshot()["implicit_turns"]["started"]
+    p1 = SYSTEM + prompt_of(1, 30)
+    r1 = agent_turn(s, p1, PROSE)
+    chat = implicit_job_of(s, r1)
+    assert chat is not None and is_implicit_chat(chat) and chat in s.pins
+    pinned = s.pins.get(chat).num_blocks
+    assert pinned == len(p1 + PROSE) // BLOCK
+    # Other conversations' first turns meanwhile (in this scope each answer
+    # starts its chat too): they fill the pool, the pin survives them.
+    others = [make_request(prompt_of(100 + i, 150), max_tokens=4) for i in range(6)]
+    for r in others:
+        s.add_request(r)
+    run_until_finished(s, others)
+    s.clock.advance(1.0)  # the user reads, types
+    r2 = scripted(make_request(hash_block_rebuild(p1, prompt_of(2, 20)), max_tokens=len(PROSE)), PROSE)
+    s.add_request(r2)
+    assert implicit_job_of(s, r2) == chat
+    assert admitted_cached_tokens(step(s), r2) == len(p1) // BLOCK * BLOCK
+    run_until_finished(s, [r2])
+    snap = s.continuum_metrics.snapshot()
+    # Each chat started once, at its first answer.
+    assert snap["implicit_turns"]["started"] == started + 1 + len(others)
+    # Its follow-up counted as an answer's return; the others' none yet.
+    answers = MIN_ANSWERS + 1 + len(others)
+    assert s.implicit_jobs.answer_return_rate() == pytest.approx((MIN_ANSWERS + 1) / answers)
+    s.clock.advance(3600.0)  # nobody comes back: the pin lapses
+    step(s)
+    assert_all_blocks_free(s)
+
+
+def test_where_answers_are_not_followed_up_an_answer_holds_nothing():
+    # One-shot traffic (a batch job): its answers are never continued, so a
+    # new answer starts no chat and keeps nothing, however many were seen.
+    s = make_scheduler(num_blocks=64, max_num_seqs=2)
+    warm_up_answers(s, followed_up=False)
+    assert s.implicit_jobs.answer_return_rate() == 0.0
+    r = agent_turn(s, SYSTEM + prompt_of(1, 30), PROSE)
+    assert implicit_job_of(s, r) is None and len(s.pins) == 0
+    assert s.continuum_metrics.snapshot()["pins_created"] == 0
     assert_all_blocks_free(s)
 
 

@@ -69,6 +69,14 @@ CASES = [
     ("untagged abort", untagged(ABORTED), ON, 5.0, K.STOCK, R.NO_TOOL_CALL),
     ("untagged last step", untagged(TOOL, is_last_step=True), ON, 5.0, K.STOCK, R.NO_TOOL_CALL),
     ("one-turn agent's finish action", untagged(FINISH), ON, 5.0, K.STOCK, R.ONE_TURN),
+    # Where answers come back, only a normal answer of token ids, kept by
+    # prefix caching, starts a chat.
+    ("untagged abort where answers come back", untagged(ABORTED, answers_return=True), ON, 5.0,
+     K.STOCK, R.NO_TOOL_CALL),
+    ("answer where answers come back, pinning off", untagged(PROSE, answers_return=True), NO_PINNING, 5.0,
+     K.STOCK, R.NO_TOOL_CALL),
+    ("answer of embeddings where answers come back", untagged(PROSE, answers_return=True, token_prompt=False),
+     ON, 5.0, K.STOCK, R.NO_TOOL_CALL),
     ("prompt of embeddings", untagged(TOOL, token_prompt=False), ON, 5.0, K.STOCK, R.PROMPT_EMBEDS),
     ("names a job it does not continue", FinishedTurn(unbound=True, is_last_step=True), ON, 5.0,
      K.STOCK, R.CONTEXT_MISMATCH),
@@ -104,6 +112,10 @@ CASES = [
     ("tool call", explicit(TOOL), ON, 5.0, K.PIN, R.TTL),
     ("next turn of a pinned context", explicit(TOOL, pin=PinRelation.CONTINUED), ON, 5.0, K.PIN, R.TTL),
     ("untagged tool call starts an implicit job", untagged(TOOL), ON, 5.0, K.PIN, R.TTL),
+    ("untagged answer where the scope's answers come back starts its chat", untagged(PROSE, answers_return=True),
+     ON, 5.0, K.PIN, R.TTL),
+    ("untagged answer starting its chat, TTL 0", untagged(PROSE, answers_return=True), ON, 0.0,
+     K.OFFLOAD, R.TTL_ZERO),
     ("prose without earlier tool calls", explicit(PROSE), ON, 5.0, K.PIN, R.TTL),
     ("prose, client flags its own end", explicit(PROSE, is_last_step=False, had_tool_call=True), ON, 5.0,
      K.PIN, R.TTL),
@@ -137,6 +149,20 @@ def test_a_finished_turn_has_one_outcome(turn, rules, ttl_s, kind, reason):
 )
 def test_only_an_untagged_tool_call_starts_an_implicit_job(turn, starts):
     assert outcome_of(turn).starts_implicit_job is starts
+
+
+@pytest.mark.parametrize(
+    "turn, starts",
+    [(untagged(PROSE, answers_return=True), True), (untagged(PROSE), False),
+     (untagged(TOOL, answers_return=True), False), (explicit(PROSE, answers_return=True), False),
+     (untagged(PROSE, answers_return=True, is_last_step=True), False)],
+    ids=["answer where answers come back", "answer where they do not", "tool call", "explicit job",
+         "last step"],
+)
+def test_only_an_untagged_answer_where_answers_come_back_starts_a_chat(turn, starts):
+    outcome = outcome_of(turn)
+    assert outcome.starts_implicit_chat is starts
+    assert not (starts and outcome.starts_implicit_job)  # a chat, not an agent's job
 
 
 def test_a_pin_carries_its_ttl_and_an_offload_none():

@@ -8,7 +8,8 @@ applies it -- stock (an untagged answer is remembered for the implicit chat
 a later prompt may continue), end the job (its pin goes; a known last turn
 puts the job's blocks first in line for eviction), or continue it (a TTL is
 decided; the blocks are pinned, offloaded or freed). An untagged turn that
-called a tool starts its implicit job here.
+called a tool starts its implicit job here, and an untagged answer its
+implicit chat where the scope's answers come back.
 
 It is half of :class:`~.scheduler.ContinuumSchedulerMixin`, which builds
 every collaborator it uses; the split keeps each file one concern.
@@ -96,15 +97,14 @@ class FinishedTurnsMixin:
         outcome = decide_turn(turn, self.turns.rules)
         if outcome.kind is TurnOutcomeKind.STOCK:
             chat_id = None
-            scope = request_meta(request).scope
             if outcome.registers_answer and self.implicit_jobs is not None:
                 # A prompt that continues this answer later starts a chat.
-                chat_id = self.implicit_jobs.register_answer(request, stop_token_ids(request), scope)
+                chat_id = self.implicit_jobs.register_answer(request, stop_token_ids(request),
+                                                             request_meta(request).scope)
             if turn.finished and turn.job_id is None and self.gate_feed is not None:
-                rate = self.implicit_jobs.answer_return_rate(scope) if self.implicit_jobs is not None else None
-                self.gate_feed.untagged_finished(untagged_turn_key(request.request_id), chat_id, request,
-                                                 self.clock.time(), scope, called_tool=False,
-                                                 answer_return_rate=rate)
+                # Counted while it ran; a chat it may start is counted when
+                # its next turn is admitted.
+                self.gate_feed.untagged_finished(untagged_turn_key(request.request_id), None)
             self.declared.free(request)
         elif outcome.kind is TurnOutcomeKind.END_JOB:
             assert turn.reply is not None
@@ -116,11 +116,15 @@ class FinishedTurnsMixin:
         """A turn after which its job goes on (RETAIN or FREE): note the
         turn, decide its TTL, then pin, offload or free its blocks."""
         meta = request_meta(request)
-        if outcome.starts_implicit_job:
-            meta = self._start_implicit_job(request, meta)
-            if self.gate_feed is not None:  # counted while it ran: now as its job
-                self.gate_feed.untagged_finished(untagged_turn_key(request.request_id), meta.job_id, request,
-                                                 self.clock.time(), meta.scope, called_tool=True)
+        if outcome.starts_implicit_job or outcome.starts_implicit_chat:
+            started = self._start_implicit_job(request, meta, outcome.starts_implicit_chat)
+            if self.gate_feed is not None:  # counted while it ran: now as its job, if any
+                self.gate_feed.untagged_finished(untagged_turn_key(request.request_id),
+                                                 started.job_id if started is not None else None)
+            if started is None:  # an answer that cannot be found again: served as stock
+                self.declared.free(request)
+                return
+            meta = started
         job_id = meta.job_id
         assert job_id is not None
         now = self.clock.time()
@@ -134,7 +138,9 @@ class FinishedTurnsMixin:
         if job is not None:  # set again below when this turn is decided
             job.last_predicted_s = job.last_tool_s = None
             job.last_context_tokens = request.num_tokens
-        if self.implicit_jobs is not None and is_implicit_job(job_id):
+        if self.implicit_jobs is not None and is_implicit_job(job_id) and not outcome.starts_implicit_chat:
+            # (A chat's first answer is registered as an answer: its
+            # follow-up counts towards the scope's answer return rate.)
             self.implicit_jobs.register_request(
                 job_id, request, self.replies.decode, stop_token_ids(request), meta.scope
             )
@@ -245,16 +251,25 @@ class FinishedTurnsMixin:
             # retried, an answer followed up: keep them.
             self.offload.end_hold(job_id, demote=ended)
 
-    def _start_implicit_job(self, request: Request, meta: JobMetadata) -> JobMetadata:
-        """An untagged turn that called a tool: from now on it is a job."""
+    def _start_implicit_job(self, request: Request, meta: JobMetadata, chat: bool = False) -> JobMetadata | None:
+        """An untagged turn that called a tool, or (``chat``) an answer where
+        the scope's answers come back: from now on it is a job. A chat's
+        answer is registered as an answer (found again by prefix); None when
+        it cannot be (no full prompt block, a twin in its scope)."""
         assert self.implicit_jobs is not None
-        job_id = self.implicit_jobs.new_job_id()
+        if chat:
+            job_id = self.implicit_jobs.register_answer(request, stop_token_ids(request), meta.scope)
+            if job_id is None:
+                return None
+        else:
+            job_id = self.implicit_jobs.new_job_id()
         meta = dataclasses.replace(meta, job_id=job_id)
         set_request_meta(request, meta)
         job, _, _ = self.jobs.on_arrival(job_id, request.arrival_time, meta.scope)
         self.order.credit(request, job)
         self.continuum_metrics.on_implicit_turn("started")
-        logger.debug("continuum: request %s starts implicit job %r", request.request_id, job_id)
+        logger.debug("continuum: request %s starts implicit %s %r", request.request_id,
+                     "chat" if chat else "job", job_id)
         return meta
 
     def _free_after_fence(self, blocks: list[Any], fence: int | None) -> None:

@@ -21,8 +21,8 @@ gaps say. :class:`GateFeed` is the one place that decides it:
   GPU is still kept, so the job stays in the demand.
 * an untagged request counts while it runs (the gate admitted it as a
   newcomer); when it ends it counts on as the implicit job it started: an
-  agent's always, a chat's only where the scope's answers are seen to come
-  back (:meth:`GateFeed.untagged_finished`).
+  agent's (a tool call), or a chat's (an answer, where the scope's answers
+  are seen to come back) (:meth:`GateFeed.untagged_finished`).
 
 Invariants: learned state is read per scope (one client's gaps never move
 another client's horizons); the feed never removes a job that holds a pin
@@ -44,11 +44,7 @@ from .estimators.scopes import DEFAULT_SCOPE
 from .estimators.ttl import ScopedToolHistory
 from .tier_capacity import TierCapacity
 
-__all__ = ["MIN_ANSWER_RETURN_RATE", "GateFeed"]
-
-# An untagged answer counts as the chat it may start where at least this
-# share of the scope's recent answers were followed up.
-MIN_ANSWER_RETURN_RATE = 0.5
+__all__ = ["GateFeed"]
 
 
 class GateFeed:
@@ -90,26 +86,19 @@ class GateFeed:
         counts with this context until its quiet horizon."""
         self.gate.on_turn_finished(job_id, request, now, self.quiet_horizon(tool_key, scope))
 
-    def untagged_finished(self, key: str, job_id: str | None, request: Request, now: float, scope: str,
-                          called_tool: bool, answer_return_rate: float | None = None) -> None:
+    def untagged_finished(self, key: str, job_id: str | None) -> None:
         """An untagged turn counted under ``key`` while it ran finished.
-        ``job_id``: the implicit job it started (``called_tool``: an agent's,
-        by a tool call; else a chat's, an answer a later prompt may
-        continue), None for none. An agent counts on as its job (the
-        scheduler reports its turn). An answer counts as its chat until the
-        quiet horizon only where the scope's answers come back: at least
-        half of its recent ones were followed up (``answer_return_rate``,
-        from ``ImplicitJobIndex``) -- one-shot traffic never is, so its
-        requests leave the demand when they finish, and a chat that comes
-        back is counted again when its next turn is admitted."""
-        if job_id is not None and called_tool:
-            self.gate.rename(key, job_id)
-            return
-        if job_id is None or answer_return_rate is None or answer_return_rate < MIN_ANSWER_RETURN_RATE:
+        ``job_id``: the implicit job it started -- an agent's (a tool call)
+        or a chat's (an answer where the scope's answers come back,
+        ``ImplicitJobIndex.answers_return``): it counts on as that job,
+        whose finished turn the scheduler reports next. None: it started
+        nothing (a one-shot request, an answer where answers are not
+        followed up): it leaves the demand, and a chat that does come back
+        is counted again when its next turn is admitted."""
+        if job_id is None:
             self.gate.discard(key)
-            return
-        self.gate.rename(key, job_id)
-        self.turn_finished(job_id, request, now, NO_TOOL_KEY, scope)
+        else:
+            self.gate.rename(key, job_id)
 
     def quiet_horizon(self, tool_key: str, scope: str) -> float | None:
         """How long the gate counts a job quiet after this turn: after a

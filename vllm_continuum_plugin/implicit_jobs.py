@@ -41,11 +41,14 @@ How a continuation is found:
 
 Two kinds of turn are registered: an implicit job's turn that called a tool
 (the job exists from that call on), and an untagged *answer* (a reply
-without a tool call, :meth:`ImplicitJobIndex.register_answer`), which is no
-job yet: a chat, a one-shot request. Only when a later prompt continues the
-answer does a job start, under :func:`implicit_chat_id`; one-shot traffic
-is never continued, so it never holds anything. An answer's turn keeps no
-reply text and is found again by prefix only.
+without a tool call, :meth:`ImplicitJobIndex.register_answer`) under a chat
+id (:func:`implicit_chat_id`): a chat, or a one-shot request. Where the
+scope's answers are mostly followed up (:meth:`ImplicitJobIndex.answers_return`)
+the chat is a job from that answer on (the scheduler keeps it as a
+session's answer); elsewhere it becomes one only when a later prompt
+continues the answer, and one-shot traffic, never continued, never holds
+anything. An answer's turn keeps no reply text and is found again by prefix
+only.
 
 A match consumes the entry (the job has moved on): a second request that
 continues the same turn (a branch, a retry, the same prompt sent twice) finds
@@ -91,6 +94,7 @@ __all__ = [
     "ImplicitJobIndex",
     "ImplicitTurn",
     "MIN_ANSWERS",
+    "MIN_ANSWER_RETURN_RATE",
     "has_token_prompt",
     "implicit_chat_id",
     "is_implicit_chat",
@@ -114,8 +118,12 @@ PREFIX_SHARE = 0.75
 # Answers a scope's continuation rate is measured over (halved past twice
 # this), the fewest before it is trusted, and the scopes it is kept for.
 ANSWER_WINDOW = 128
-MIN_ANSWERS = 32
+MIN_ANSWERS = 8
 MAX_RATE_SCOPES = 1024
+# A scope's answers "come back" where at least this share of its recent ones
+# were followed up: an answer there is kept as its chat's first turn, and
+# the admission gate counts it as the chat it starts.
+MIN_ANSWER_RETURN_RATE = 0.5
 # Turns registered under one key (e.g. many jobs with the same first prompt);
 # the oldest goes first. Bounds the work of a match.
 MAX_CANDIDATES = 8
@@ -339,6 +347,12 @@ class ImplicitJobIndex:
         if counts is None or counts[0] < MIN_ANSWERS:
             return None
         return counts[1] / counts[0]
+
+    def answers_return(self, scope: str = DEFAULT_SCOPE) -> bool:
+        """Are the scope's answers mostly followed up (a known rate of at
+        least ``MIN_ANSWER_RETURN_RATE``)?"""
+        rate = self.answer_return_rate(scope)
+        return rate is not None and rate >= MIN_ANSWER_RETURN_RATE
 
     def _evict(self, by_blocks: bool) -> None:
         """Forget the least recently registered turn of the scope holding

@@ -47,8 +47,9 @@ RELEASE_REASONS = (
 # `final_answer` tool), or a final answer: a reply without a tool call in an
 # implicit job, or in an explicit job that called tools and sent no flag.
 JOB_END_REASONS = ("last_step", "finish_action", "final_answer")
-# Implicit jobs: "started" (an untagged turn that called a tool), "continued"
-# (an untagged request recognised as a job's next turn).
+# Implicit jobs: "started" (an untagged turn that called a tool, an answer
+# where the scope's answers come back, or a request that continued an
+# answer), "continued" (an untagged request recognised as a job's next turn).
 IMPLICIT_EVENTS = ("started", "continued")
 # Declared retention: requests whose directives reached the scheduler
 # ("accepted"), declared holds that lasted or were taken over by their job

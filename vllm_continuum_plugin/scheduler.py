@@ -234,6 +234,7 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
             self.replies, self.jobs, self.pins, frozenset(cfg.finish_action_list),
             TurnRules(implicit_jobs=self.implicit_jobs is not None, pinning=self.pinning_enabled),
             beside_an_agent=lambda key: self.conversations.beside_an_agent(key, self.jobs.get),
+            answers_return=self.implicit_jobs.answers_return if self.implicit_jobs is not None else lambda s: False,
         )
         # A finished request's declared retention (retention directives).
         self.declared = DeclaredHolds(

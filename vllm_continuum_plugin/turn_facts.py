@@ -31,6 +31,7 @@ class TurnReader:
     def __init__(
         self, replies: ReplyReader, jobs: JobTracker, pins: PinManager, finish_actions: frozenset[str],
         rules: TurnRules, beside_an_agent: Callable[[str], bool] = lambda key: False,
+        answers_return: Callable[[str], bool] = lambda scope: False,
     ) -> None:
         self._replies = replies
         self._jobs = jobs
@@ -40,6 +41,8 @@ class TurnReader:
         # Does a job key's session hold another live conversation that is an
         # agent's (offered tools or called one)?
         self._beside_an_agent = beside_an_agent
+        # Are a scope's untagged answers mostly followed up (implicit chats)?
+        self._answers_return = answers_return
 
     def read(self, request: Any) -> tuple[FinishedTurn, ToolCall | None]:
         """The facts ``decide_turn`` reads for ``request`` (finished or
@@ -62,6 +65,7 @@ class TurnReader:
                          or meta.expected_tool_seconds is not None),
             side_conversation=job_id is not None and self._beside_an_agent(job_id),
             token_prompt=has_token_prompt(request),
+            answers_return=job_id is None and self._answers_return(meta.scope),
             pin=(PinRelation.NONE if continues_pin is None
                  else PinRelation.CONTINUED if continues_pin else PinRelation.OTHER_CONTEXT),
         )

@@ -15,7 +15,10 @@ A finished turn becomes exactly one of (:class:`TurnOutcomeKind`):
   names a job whose context it does not continue. An untagged answer (a
   normal reply without a tool call or a last-step flag, token prompt) is
   still remembered (``registers_answer``): a later prompt that continues it
-  starts an implicit chat, a job from then on.
+  starts an implicit chat, a job from then on -- or, where the scope's
+  answers are seen to come back (``answers_return``: a chat client,
+  AIPerf's sessions without a header), it is that chat's first turn at once
+  (``starts_implicit_chat``, below).
 * ``END_JOB`` -- the job's last turn (the client's ``is_last_step``, a
   finish action, a final answer) or a turn that did not finish normally
   (abort, error: reason ``abort``, the job is not over). The job's pin goes,
@@ -31,6 +34,12 @@ A finished turn becomes exactly one of (:class:`TurnOutcomeKind`):
   blocks go to the offload store, if there is one, and are freed.
 * ``PIN`` -- the job goes on; its hashed blocks are pinned for ``ttl_s``.
 
+An untagged answer in a scope whose answers come back is ``RETAIN`` with
+``starts_implicit_chat``: its chat is a job from this turn on, and the
+answer is kept as a session's answer is, so the user's next message finds
+its context (served as stock, the first answer of every such chat would age
+out of the prefix cache under load before its follow-up came).
+
 Two questions, because the answer to the first decides whether the second is
 asked: :func:`decide_turn` (from the request's metadata, its reply and the
 job's state) gives ``STOCK``, ``END_JOB``, ``FREE`` or ``RETAIN`` -- the job
@@ -39,9 +48,9 @@ goes on and a TTL is to be decided; then :meth:`TurnOutcome.with_ttl` turns
 only when :func:`needs_reply` says the rules look at it.
 
 Invariants: the functions are pure (same facts, same outcome); a turn that
-does not act on a job (``job_id`` None and no implicit job starting) is
-``STOCK``; only a turn that finished normally and is not its job's last is
-``RETAIN``/``FREE``/``OFFLOAD``/``PIN``; a TTL is decided exactly for the
+does not act on a job (``job_id`` None and no implicit job or chat
+starting) is ``STOCK``; only a turn that finished normally and is not its
+job's last is ``RETAIN``/``FREE``/``OFFLOAD``/``PIN``; a TTL is decided exactly for the
 turns that reach ``RETAIN``; client metadata wins over the reply (an
 ``is_last_step`` turn ends its job whatever the reply says).
 """
@@ -178,6 +187,9 @@ class FinishedTurn:
     side_conversation: bool = False
     # The prompt is token ids (not embeddings): implicit jobs match by them.
     token_prompt: bool = True
+    # Untagged: the scope's recent answers were mostly followed up
+    # (``ImplicitJobIndex.answers_return``), so an answer is a chat's start.
+    answers_return: bool = False
     # The job's pin and this turn (the hand-over test of ``PinManager.held_for``).
     pin: PinRelation = PinRelation.NONE
     # The reply as read; None when it was not read (``needs_reply`` False).
@@ -196,6 +208,10 @@ class TurnOutcome:
     # An untagged answer (STOCK only): remembered, so that a prompt that
     # continues it starts an implicit chat (implicit_jobs.register_answer).
     registers_answer: bool = False
+    # An untagged answer where the scope's answers come back (RETAIN only):
+    # registered as an answer and made its chat's first turn, kept as a
+    # session's answer is.
+    starts_implicit_chat: bool = False
     # The job's pin holds a prefix of this turn: the new pin supersedes it
     # (released as a hand-over first). RETAIN, OFFLOAD, PIN.
     supersedes_pin: bool = False
@@ -280,6 +296,8 @@ def decide_turn(turn: FinishedTurn, rules: TurnRules) -> TurnOutcome:
         # for a call, so a job started here goes on.
         if not reply.normal or turn.is_last_step or not reply.calls_tool:
             answer = reply.normal and not turn.is_last_step and turn.token_prompt and rules.pinning
+            if answer and turn.answers_return:
+                return TurnOutcome(TurnOutcomeKind.RETAIN, TurnReason.CONTINUES, starts_implicit_chat=True)
             return TurnOutcome(TurnOutcomeKind.STOCK, TurnReason.NO_TOOL_CALL, registers_answer=answer)
         if reply.finish_action:
             return _stock(TurnReason.ONE_TURN)
