@@ -345,7 +345,8 @@ def main() -> int:
         "session id (AIPerf without `--session-header`, a client behind a proxy that drops headers): the",
         "plugin has only the prompts to go by. An untagged turn is an implicit job's next turn when its",
         "prompt continues that turn's prompt by shared prefix (docs/clients.md); an answer continued so",
-        "starts a chat, kept like a session's; an untagged request that continues nothing passes the",
+        "is a chat's, kept like a session's, and where the scope's answers are seen to come back (once 8",
+        "were), a chat starts at its first answer; an untagged request that continues nothing passes the",
         "admission gate as a newcomer. They run on the same arrivals, in points of their own.",
         "",
     ]
