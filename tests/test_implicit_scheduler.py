@@ -276,6 +276,27 @@ def hash_block_rebuild(prompt: list[int], fresh: list[int]) -> list[int]:
     return prompt[: len(prompt) // BLOCK * BLOCK] + fresh
 
 
+def flood(s) -> list:
+    """Six other one-turn conversations, run to the end: they fill the pool."""
+    others = [make_request(prompt_of(100 + i, 150), max_tokens=4) for i in range(6)]
+    for r in others:
+        s.add_request(r)
+    run_until_finished(s, others)
+    return others
+
+
+def follow_up(s, prompt: list[int], fresh: list[int], after_s: float):
+    """The user's next message ``after_s`` later, rebuilt from ``prompt``'s
+    hash blocks plus ``fresh``, answered in prose: the request, and the
+    tokens it found cached when admitted."""
+    s.clock.advance(after_s)
+    r = scripted(make_request(hash_block_rebuild(prompt, fresh), max_tokens=len(PROSE)), PROSE)
+    s.add_request(r)
+    cached = admitted_cached_tokens(step(s), r)
+    run_until_finished(s, [r])
+    return r, cached
+
+
 def test_an_untagged_answer_continued_by_prefix_becomes_a_chat_whose_context_is_kept():
     s = make_scheduler(num_blocks=64, max_num_seqs=2)
     p1 = SYSTEM + prompt_of(1, 30)
@@ -287,16 +308,9 @@ def test_an_untagged_answer_continued_by_prefix_becomes_a_chat_whose_context_is_
     assert job is not None and is_implicit_chat(job)  # its second turn made it a chat
     assert job in s.pins  # a chat's answer is kept for its next turn
     pinned = s.pins.get(job).num_blocks
-    others = [make_request(prompt_of(100 + i, 150), max_tokens=4) for i in range(6)]
-    for r in others:
-        s.add_request(r)
-    run_until_finished(s, others)
-    s.clock.advance(2.0)  # the user reads, types
-    r3 = scripted(make_request(hash_block_rebuild(p2, prompt_of(3, 20)), max_tokens=len(PROSE)), PROSE)
-    s.add_request(r3)
-    assert implicit_job_of(s, r3) == job
-    assert admitted_cached_tokens(step(s), r3) == pinned * BLOCK
-    run_until_finished(s, [r3])
+    flood(s)
+    r3, cached = follow_up(s, p2, prompt_of(3, 20), after_s=2.0)  # the user reads, types
+    assert implicit_job_of(s, r3) == job and cached == pinned * BLOCK
     snap = s.continuum_metrics.snapshot()
     assert snap["implicit_turns"] == {"started": 1, "continued": 2}
     assert snap["tool_seconds"]["count"] == 1  # the gap before r3 was measured
@@ -335,16 +349,9 @@ def test_where_answers_come_back_an_answer_is_kept_as_its_chats_first_turn():
     assert pinned == len(p1 + PROSE) // BLOCK
     # Other conversations' first turns meanwhile (in this scope each answer
     # starts its chat too): they fill the pool, the pin survives them.
-    others = [make_request(prompt_of(100 + i, 150), max_tokens=4) for i in range(6)]
-    for r in others:
-        s.add_request(r)
-    run_until_finished(s, others)
-    s.clock.advance(1.0)  # the user reads, types
-    r2 = scripted(make_request(hash_block_rebuild(p1, prompt_of(2, 20)), max_tokens=len(PROSE)), PROSE)
-    s.add_request(r2)
-    assert implicit_job_of(s, r2) == chat
-    assert admitted_cached_tokens(step(s), r2) == len(p1) // BLOCK * BLOCK
-    run_until_finished(s, [r2])
+    others = flood(s)
+    r2, cached = follow_up(s, p1, prompt_of(2, 20), after_s=1.0)  # the user reads, types
+    assert implicit_job_of(s, r2) == chat and cached == len(p1) // BLOCK * BLOCK
     snap = s.continuum_metrics.snapshot()
     # Each chat started once, at its first answer.
     assert snap["implicit_turns"]["started"] == started + 1 + len(others)
