@@ -96,11 +96,9 @@ class FinishedTurnsMixin:
         turn, call = self.turns.read(request)
         outcome = decide_turn(turn, self.turns.rules)
         if outcome.kind is TurnOutcomeKind.STOCK:
-            chat_id = None
             if outcome.registers_answer and self.implicit_jobs is not None:
                 # A prompt that continues this answer later starts a chat.
-                chat_id = self.implicit_jobs.register_answer(request, stop_token_ids(request),
-                                                             request_meta(request).scope)
+                self.implicit_jobs.register_answer(request, stop_token_ids(request), request_meta(request).scope)
             if turn.finished and turn.job_id is None and self.gate_feed is not None:
                 # Counted while it ran; a chat it may start is counted when
                 # its next turn is admitted.
