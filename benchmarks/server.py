@@ -9,6 +9,9 @@ Unless the arguments name ``--dtype``, the server computes in
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
@@ -17,7 +20,49 @@ import requests
 from .dtype import serving_dtype
 from .process import ManagedProcess, free_port, http_ok
 
-__all__ = ["VLLMServer", "free_port", "parse_metrics", "start_all"]
+__all__ = ["PluginImportError", "VLLMServer", "check_plugin_imports", "free_port", "parse_metrics", "start_all"]
+
+# Every package of the plugin a server imports (the wheel maps three of them
+# from top-level directories: pyproject's package-dir).
+_PLUGIN_PACKAGES = ("vllm_continuum_plugin", "vllm_continuum_plugin.estimators",
+                    "vllm_continuum_plugin.connectors", "vllm_continuum_plugin.benchmarks")
+
+
+class PluginImportError(RuntimeError):
+    """The interpreter a server would run in cannot import the plugin."""
+
+
+@functools.lru_cache(maxsize=8)
+def _plugin_import_failure(python: str, cwd: str, env_key: tuple[tuple[str, str], ...]) -> str | None:
+    probe = "import importlib\n" + "".join(f"importlib.import_module({name!r})\n" for name in _PLUGIN_PACKAGES)
+    done = subprocess.run([python, "-c", probe], cwd=cwd, env=dict(env_key), capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode == 0:
+        return None
+    lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def check_plugin_imports(env: dict[str, str], python: str | None = None) -> None:
+    """Raise :class:`PluginImportError` unless ``python`` (this
+    interpreter when None) with ``env`` (from
+    this process's working directory, as the server starts) imports every
+    package of the plugin. Checked once per interpreter, directory and
+    environment (a fraction of a second: the packages import nothing heavy).
+
+    Why: an editable install maps the plugin's subpackages to directories
+    of the checkout it was made from; moved or re-made elsewhere (another
+    clone's ``pip install -e``), the top-level package may still import from
+    the working directory while ``estimators`` does not, and a server then
+    starts with its request patches failed (stock arms run, silently without
+    the plugin's API) or its engine core fails (plugin arms) -- after a
+    benchmark has spent its earlier arms' time."""
+    python = python or sys.executable
+    failure = _plugin_import_failure(python, os.getcwd(), tuple(sorted(env.items())))
+    if failure is not None:
+        raise PluginImportError(
+            f"{python} cannot import the plugin ({failure}); reinstall it from this checkout: "
+            f"{python} -m pip install --no-deps -e <repository root>")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -92,7 +137,10 @@ class VLLMServer(ManagedProcess):
 
     def launch(self) -> None:
         """Start the process without waiting (several replicas start in
-        parallel: ``launch`` each, then ``wait_ready`` each)."""
+        parallel: ``launch`` each, then ``wait_ready`` each); raises
+        :class:`PluginImportError` first when the server's interpreter cannot
+        import the plugin."""
+        check_plugin_imports(self.env, sys.executable)
         self.spawn([
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model,

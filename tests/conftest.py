@@ -28,6 +28,7 @@ FILE_LEVELS = {
     "test_agent_replay.py": "unit",
     "test_aiperf_replay.py": "unit",
     "test_capacity_report.py": "unit",
+    "test_server_preflight.py": "unit",
     "test_block_copier.py": "unit",
     "test_connector.py": "engine",
     "test_context_predictor.py": "unit",
