@@ -65,6 +65,13 @@ class SimPoints:
         self.common = common
         self.commands: list[str] = []
 
+    def sharing(self, common: list[str]) -> SimPoints:
+        """Runs with other ``common`` arguments (another seed) whose commands
+        are listed with this one's, in the order they ran."""
+        other = SimPoints(common)
+        other.commands = self.commands
+        return other
+
     def point(self, path: str, argv: list[str]) -> list[dict]:
         """The points of ``path``'s results.json, each with ``code_commit``:
         the commit of the code that ran them (None: not recorded, a run from

@@ -511,6 +511,29 @@ def test_clients_report_holds_each_profile_to_the_caps_over_its_own_prompts() ->
 
 
 @pytest.mark.unit
+def test_clients_report_checks_the_bar_on_the_mean_over_seeds() -> None:
+    report = _clients_report()
+    # tagged closes 60%, 40%, 50% (mean 50%); headers-only 58%, 30%, 50%
+    # (mean 46%: within 5 points on the mean, though 10 points short at the
+    # second seed); aiperf 40% at every seed (10 short); reasoning slower
+    # than FCFS at the third seed.
+    gaps = {"tagged": (140.0, 160.0, 150.0), "headers-only": (142.0, 170.0, 150.0),
+            "aiperf": (160.0, 160.0, 160.0), "reasoning": (140.0, 150.0, 205.0)}
+    by_seed = {seed: _client_points(report, {c: g[i] for c, g in gaps.items()}) for i, seed in enumerate((7, 8, 9))}
+    lines = report.seed_lines(by_seed)
+    assert lines[0] == "| client | seed 7 | seed 8 | seed 9 | mean gap closed |"
+    assert lines[2] == "| FCFS (tagged): JCT mean, hit share | 200 s, 40% | 200 s, 40% | 200 s, 40% | |"
+    assert "| headers-only | +58.0% (1.41x) | +30.0% (1.18x) | +50.0% (1.33x) | +46.0% |" in lines
+    by = {line.split("`")[1]: line for line in lines if line.startswith("- ")}
+    assert "mean gap +46.0% against tagged's +50.0% (within 5 points; 2 of 3 seeds within): **holds**" \
+        in by["headers-only"]
+    assert "mean gap +40.0% against tagged's +50.0% (within 5 points; 1 of 3 seeds within): **misses**" \
+        in by["aiperf"]  # within only where tagged closed 40%
+    assert "0.98x FCFS at its slowest seed (faster on every seed): **misses**" in by["reasoning"]
+    assert "within 5 points" not in by["tagged"] and "(faster on every seed): **holds**" in by["tagged"]
+
+
+@pytest.mark.unit
 def test_clients_report_points_are_commands_the_simulator_takes() -> None:
     report = _clients_report()
     for wl in report.WORKLOADS:
