@@ -254,8 +254,10 @@ def summary_row(title: str, points: list[dict], caps: list[dict], last_points: l
     return f"| {title} | {by[('tagged', 'fcfs')]['hit_share']:.0%} | " + " | ".join(cells) + " |"
 
 
-def write_readme_block(readme: str, rows: list[str], doc: str) -> None:
-    """Replace README's block between the markers with ``rows``' table."""
+def write_readme_block(readme: str, rows: list[str], doc: str, seed_rows: list[str] = ()) -> None:
+    """Replace README's block between the markers with ``rows``' table,
+    then ``seed_rows`` (the mean gap shares over the seeds, where points ran
+    at several)."""
     rel = os.path.relpath(doc, os.path.dirname(os.path.abspath(readme)))
     replace_readme_block(readme, README_BEGIN, README_END, [
         "Simulated (vLLM's real scheduler on a virtual clock, roofline step model), at the high load of",
@@ -274,6 +276,9 @@ def write_readme_block(readme: str, rows: list[str], doc: str) -> None:
         "| aiperf, last turn flagged | no header | aiperf, no header |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
+        *([] if not seed_rows else [
+            "", f"Mean gap closed over arrival seeds {', '.join(str(seed) for seed in SEEDS)} (the table's seed is the first):",
+            "", *seed_rows]),
     ])
 
 
@@ -284,16 +289,15 @@ def seed_lines(by_seed: dict[int, list[dict]]) -> list[str]:
     (within 5 points of ``tagged``'s mean) and on every seed (faster than
     FCFS), each stated with its figures."""
     seeds = sorted(by_seed)
-    by = {(seed, p["client"], p["arm"]): p for seed in seeds for p in by_seed[seed]}
+    by = _by_seed(by_seed)
     rows = ["| client | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean gap closed |",
             "|---|" + "---:|" * (len(seeds) + 1),
             "| FCFS (tagged): JCT mean, hit share | " + " | ".join(
                 f"{by[(seed, 'tagged', 'fcfs')]['jct_mean_s']:.0f} s, {by[(seed, 'tagged', 'fcfs')]['hit_share']:.0%}"
                 for seed in seeds) + " | |"]
-    gaps: dict[str, list[float]] = {}
+    gaps = _seed_gaps(by_seed)
     speedups: dict[str, list[float]] = {}
     for client in CLIENT_PROFILES:
-        gaps[client] = [by[(seed, client, "continuum")]["gap_closed"] for seed in seeds]
         speedups[client] = [by[(seed, client, "fcfs")]["jct_mean_s"] / by[(seed, client, "continuum")]["jct_mean_s"]
                             for seed in seeds]
         cells = [f"{g:+.1%} ({x:.2f}x)" for g, x in zip(gaps[client], speedups[client])]
@@ -311,6 +315,24 @@ def seed_lines(by_seed: dict[int, list[dict]]) -> list[str]:
                              f"{min(speedups[client]):.2f}x FCFS at its slowest seed (faster on every seed)"))
         lines.append(f"- `{client}` continuum: " + "; ".join(checks) + ".")
     return lines
+
+
+def _by_seed(by_seed: dict[int, list[dict]]) -> dict[tuple[int, str, str], dict]:
+    return {(seed, p["client"], p["arm"]): p for seed in by_seed for p in by_seed[seed]}
+
+
+def _seed_gaps(by_seed: dict[int, list[dict]]) -> dict[str, list[float]]:
+    """Per client profile, Continuum's gap share at each seed (in seed order)."""
+    by = _by_seed(by_seed)
+    return {client: [by[(seed, client, "continuum")]["gap_closed"] for seed in sorted(by_seed)]
+            for client in CLIENT_PROFILES}
+
+
+def seed_summary(title: str, by_seed: dict[int, list[dict]]) -> str:
+    """README's line for a point run at several seeds: each profile's mean
+    gap share over them."""
+    means = ", ".join(f"{client} {sum(g) / len(g):+.0%}" for client, g in _seed_gaps(by_seed).items())
+    return f"- {title}: {means}"
 
 
 def low_verdict(points: list[dict], clients: tuple[str, ...] = CLIENT_PROFILES) -> list[str]:
@@ -356,6 +378,7 @@ def main() -> int:
     wanted = set(args.workloads.split(","))
     sims = SimPoints(seed_common(args.step_model, SEEDS[0]))
     summary: list[str] = []
+    seed_summary_rows: list[str] = []
 
     def point(out: str, argv: list[str]) -> list[dict]:
         return sims.point(os.path.join(args.out, out), argv)
@@ -431,6 +454,8 @@ def main() -> int:
                 for seed in SEEDS[1:]:
                     seeded[seed] = sims.sharing(seed_common(args.step_model, seed)).point(
                         os.path.join(args.out, f"{wl.key}-{prof}-high-seed{seed}"), [*high_argv, *clients])
+            if len(seeded) > 1:
+                seed_summary_rows.append(seed_summary(f"{wl.key}, {prof}, {high:g}", seeded))
             summary.append(summary_row(f"{wl.key}, {prof}, {high:g}", pts, caps, last_pts, nh_pts))
             lines += [
                 f"## {wl.title}, {prof}, {high:g} sessions/min", "",
@@ -458,7 +483,7 @@ def main() -> int:
             ]
     sims.write(args.doc, lines, "clients_report")
     if args.readme:
-        write_readme_block(args.readme, summary, args.doc)
+        write_readme_block(args.readme, summary, args.doc, seed_summary_rows)
     return 0
 
 

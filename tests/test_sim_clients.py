@@ -531,6 +531,9 @@ def test_clients_report_checks_the_bar_on_the_mean_over_seeds() -> None:
         in by["aiperf"]  # within only where tagged closed 40%
     assert "0.98x FCFS at its slowest seed (faster on every seed): **misses**" in by["reasoning"]
     assert "within 5 points" not in by["tagged"] and "(faster on every seed): **holds**" in by["tagged"]
+    # README's line: each profile's mean, the same figures.
+    assert report.seed_summary("trace, h100-llama8b, 1", by_seed) == \
+        "- trace, h100-llama8b, 1: tagged +50%, headers-only +46%, aiperf +40%, reasoning +35%"
 
 
 @pytest.mark.unit
@@ -563,6 +566,11 @@ def test_clients_report_writes_readme_block_between_its_markers(tmp_path) -> Non
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("\nafter\n") and "old" not in text
     assert row in text and "(docs/retention_clients.md)" in text
+    assert "over arrival seeds" not in text  # no point ran at several seeds
+    report.write_readme_block(str(readme), [row], str(tmp_path / "docs" / "retention_clients.md"), ["- t: tagged +50%"])
+    text = readme.read_text()
+    assert text.index(row) < text.index("Mean gap closed over arrival seeds 7, 8, 9") < text.index("- t: tagged +50%")
+    assert text.endswith(f"- t: tagged +50%\n{report.README_END}\nafter\n")
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="no <!-- clients-report"):
         report.write_readme_block(str(readme), [row], str(tmp_path / "d.md"))
