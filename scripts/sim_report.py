@@ -65,18 +65,12 @@ class SimPoints:
         self.common = common
         self.commands: list[str] = []
 
-    def sharing(self, common: list[str]) -> SimPoints:
-        """Runs with other ``common`` arguments (another seed) whose commands
-        are listed with this one's, in the order they ran."""
-        other = SimPoints(common)
-        other.commands = self.commands
-        return other
-
-    def point(self, path: str, argv: list[str]) -> list[dict]:
+    def point(self, path: str, argv: list[str], common: list[str] | None = None) -> list[dict]:
         """The points of ``path``'s results.json, each with ``code_commit``:
         the commit of the code that ran them (None: not recorded, a run from
-        before results recorded it)."""
-        argv = [*argv, *self.common, "--out", path]
+        before results recorded it). ``common``: other shared arguments for
+        this point (another seed) in place of the report's."""
+        argv = [*argv, *(self.common if common is None else common), "--out", path]
         run(argv)
         results = load(os.path.join(path, "results.json"))
         commit = results.get("commit")
