@@ -34,10 +34,12 @@ the "Real traffic" issue from the tables' own figures:
   within 1% of FCFS;
 * on the spread preset at the high load, ``headers-only`` at >= 2x lower
   mean JCT than FCFS and >= 75% of the FCFS -> oracle gap;
-* on the traces, whose subset has 50 sessions, the high load again at two
-  more arrival seeds (``SEEDS``): every profile's mean gap share over the
-  seeds within 5 points of ``tagged``'s mean, and faster than FCFS at every
-  seed (one seed's verdict can turn on a TTL decided milliseconds apart).
+* the high loads again at two more arrival seeds (``SEEDS``): every
+  profile's mean gap share over the seeds within 5 points of ``tagged``'s
+  mean, and faster than FCFS at every seed (one seed's verdict can turn on a
+  TTL decided milliseconds apart); on the spread preset the caps and the
+  no-header profiles too, each profile ahead of the best cap (chosen per
+  seed) on the mean of its ratios to it.
 
 Every figure comes from the results.json files this script makes with
 ``benchmarks.simulate`` (a point whose results.json holds the same command is
@@ -45,8 +47,8 @@ reused, so an interrupted run resumes); the commands are printed at the end.
 
     python scripts/clients_report.py [--step-model roofline] [--out docs/sim/clients]
 
-(About an hour on 2 cores, most of it the traces' high loads, and ~30 minutes more for
-their extra seeds.)
+(About an hour on 2 cores, most of it the traces' high loads, and ~75 minutes more for
+the extra seeds.)
 """
 
 from __future__ import annotations
@@ -90,10 +92,14 @@ PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
 # again at the other seeds: the trace subset has 50 sessions, and there a TTL
 # decided a few milliseconds apart reorders every later turn, so one seed's
 # gap shares move by points between profiles that send the same prompts.
-# The 5-point bar is checked on the mean over the seeds as well (the client
-# profiles only; the caps and the no-header points run at the first seed).
+# The 5-point bar is checked on the mean over the seeds as well. Where a
+# workload is in ``SEEDED_CAPS`` the fixed caps and the no-header profiles
+# run at every seed too, and the best-cap bar is checked on the mean (the
+# spread preset, where the caps come within a few percent of Continuum;
+# elsewhere they run at the first seed only).
 SEEDS = (7, 8, 9)
-SEEDED_WORKLOADS = ("trace",)
+SEEDED_WORKLOADS = ("trace", "spread")
+SEEDED_CAPS = ("spread",)
 
 # The issue's bars.
 TAGGED_TOLERANCE = 0.05  # gap share a profile may trail the tagged client by
@@ -283,28 +289,35 @@ def write_readme_block(readme: str, rows: list[str], doc: str, seed_rows: list[s
     ])
 
 
-def seed_lines(by_seed: dict[int, list[dict]]) -> list[str]:
-    """The high load at every seed of ``by_seed`` (seed -> the client
-    profiles' points): per profile Continuum's gap share and speed-up over
-    its FCFS at each seed and the mean gap share, then the bars on the mean
-    (within 5 points of ``tagged``'s mean) and on every seed (faster than
-    FCFS), each stated with its figures."""
+def seed_lines(by_seed: dict[int, list[dict]], caps_by_seed: dict[int, list[dict]] | None = None,
+               spread: bool = False) -> list[str]:
+    """The high load at every seed of ``by_seed`` (seed -> the profiles'
+    points): per profile (those of ``CLIENT_PROFILES`` and
+    ``NO_HEADER_PROFILES`` that ran at every seed) Continuum's gap share and
+    speed-up over its FCFS at each seed and the mean gap share, then the
+    bars on the mean (within 5 points of ``tagged``'s mean) and on every
+    seed (faster than FCFS), each stated with its figures; ``spread``: also
+    ``headers-only``'s (>= 2x FCFS at every seed, >= 75% of the gap on the
+    mean). With ``caps_by_seed`` (seed -> the fixed caps' points there), a
+    table of each profile against the best cap over its prompts at each
+    seed, and the bar on the mean of those ratios (ahead of the best cap)."""
     seeds = sorted(by_seed)
     by = _by_seed(by_seed)
+    clients = _seed_clients(by_seed)
     rows = ["| client | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean gap closed |",
             "|---|" + "---:|" * (len(seeds) + 1),
             "| FCFS (tagged): JCT mean, hit share | " + " | ".join(
                 f"{by[(seed, 'tagged', 'fcfs')]['jct_mean_s']:.0f} s, {by[(seed, 'tagged', 'fcfs')]['hit_share']:.0%}"
                 for seed in seeds) + " | |"]
-    gaps = _seed_gaps(by_seed)
+    gaps = _seed_gaps(by_seed, clients)
     means = {client: fmean(g) for client, g in gaps.items()}
     speedups = {client: [by[(seed, client, "fcfs")]["jct_mean_s"] / by[(seed, client, "continuum")]["jct_mean_s"]
-                         for seed in seeds] for client in CLIENT_PROFILES}
-    for client in CLIENT_PROFILES:
+                         for seed in seeds] for client in clients}
+    for client in clients:
         cells = [f"{g:+.1%} ({x:.2f}x)" for g, x in zip(gaps[client], speedups[client])]
         rows.append(f"| {client} | " + " | ".join(cells) + f" | {means[client]:+.1%} |")
     lines = [*rows, ""]
-    for client in CLIENT_PROFILES:
+    for client in clients:
         within = sum(g >= t - TAGGED_TOLERANCE for g, t in zip(gaps[client], gaps["tagged"]))
         checks = [] if client == "tagged" else [
             _check(means[client] >= means["tagged"] - TAGGED_TOLERANCE,
@@ -312,7 +325,44 @@ def seed_lines(by_seed: dict[int, list[dict]]) -> list[str]:
                    f"{within} of {len(seeds)} seeds within)")]
         checks.append(_check(min(speedups[client]) > 1.0,
                              f"{min(speedups[client]):.2f}x FCFS at its slowest seed (faster on every seed)"))
+        if spread and client == "headers-only":
+            checks += [_check(min(speedups[client]) >= SPREAD_SPEEDUP,
+                              f"{min(speedups[client]):.2f}x lower mean JCT at its slowest seed (>= 2x)"),
+                       _check(means[client] >= SPREAD_GAP, f"{means[client]:.1%} of the gap on the mean (>= 75%)")]
         lines.append(f"- `{client}` continuum: " + "; ".join(checks) + ".")
+    if caps_by_seed:
+        lines += ["", *seed_cap_lines(by_seed, caps_by_seed, clients)]
+    return lines
+
+
+def seed_cap_lines(by_seed: dict[int, list[dict]], caps_by_seed: dict[int, list[dict]],
+                   clients: list[str]) -> list[str]:
+    """Each profile of ``clients`` against the best fixed cap over the
+    prompts it sends, at every seed (the cap chosen per seed: the best a
+    client that knew the load in advance could set), and the bar on the mean
+    of the ratios: ahead of the best cap."""
+    seeds = sorted(by_seed)
+    by = _by_seed(by_seed)
+    caps = {seed: {c: best_cap(caps_by_seed[seed], c) for c in clients} for seed in seeds}
+    rows = ["| client | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean |",
+            "|---|" + "---:|" * (len(seeds) + 1)]
+    for prompts in CAP_ORDER:
+        if all(any(p["client"] == prompts for p in caps_by_seed[seed]) for seed in seeds):
+            cells = [f"`{caps[seed][prompts]['arm']}` {caps[seed][prompts]['jct_mean_s']:.1f} s" for seed in seeds]
+            rows.append(f"| best cap over `{prompts}`'s prompts | " + " | ".join(cells) + " | |")
+    ratios = {c: [by[(seed, c, "continuum")]["jct_mean_s"] / caps[seed][c]["jct_mean_s"] - 1 for seed in seeds]
+              for c in clients}
+    for c in clients:
+        rows.append(f"| {c} | " + " | ".join(f"{r:+.1%}" for r in ratios[c]) + f" | {fmean(ratios[c]):+.1%} |")
+    lines = ["Continuum's mean JCT against the best fixed cap over the prompts each profile sends, at each",
+             "seed (the cap chosen per seed, as a client that knew the load in advance would set it):", "",
+             *rows, ""]
+    for c in clients:
+        ahead = sum(r < 0 for r in ratios[c])
+        lines.append(f"- `{c}` continuum: " + _check(
+            fmean(ratios[c]) < 0,
+            f"{fmean(ratios[c]):+.1%} against the best cap on the mean (ahead; {ahead} of {len(seeds)} seeds ahead)")
+            + ".")
     return lines
 
 
@@ -320,11 +370,20 @@ def _by_seed(by_seed: dict[int, list[dict]]) -> dict[tuple[int, str, str], dict]
     return {(seed, p["client"], p["arm"]): p for seed in by_seed for p in by_seed[seed]}
 
 
-def _seed_gaps(by_seed: dict[int, list[dict]]) -> dict[str, list[float]]:
+def _seed_clients(by_seed: dict[int, list[dict]]) -> list[str]:
+    """The profiles (``CLIENT_PROFILES``, then ``NO_HEADER_PROFILES``) whose
+    Continuum ran at every seed of ``by_seed``."""
+    by = _by_seed(by_seed)
+    return [c for c in (*CLIENT_PROFILES, *NO_HEADER_PROFILES)
+            if all((seed, c, "continuum") in by for seed in by_seed)]
+
+
+def _seed_gaps(by_seed: dict[int, list[dict]], clients: tuple[str, ...] | list[str] = CLIENT_PROFILES,
+               ) -> dict[str, list[float]]:
     """Per client profile, Continuum's gap share at each seed (in seed order)."""
     by = _by_seed(by_seed)
     return {client: [by[(seed, client, "continuum")]["gap_closed"] for seed in sorted(by_seed)]
-            for client in CLIENT_PROFILES}
+            for client in clients}
 
 
 def seed_summary(title: str, by_seed: dict[int, list[dict]]) -> str:
@@ -449,10 +508,25 @@ def main() -> int:
             nh_pts = point(f"{wl.key}-{prof}-high-no-header", [*high_argv, *no_header])
             nh_low = point(f"{wl.key}-{prof}-low-no-header", [*low_argv, *no_header])
             seeded: dict[int, list[dict]] = {SEEDS[0]: pts}
+            seeded_caps: dict[int, list[dict]] = {}
             if wl.key in SEEDED_WORKLOADS:
                 for seed in SEEDS[1:]:
+                    common = seed_common(args.step_model, seed)
                     seeded[seed] = sims.point(os.path.join(args.out, f"{wl.key}-{prof}-high-seed{seed}"),
-                                              [*high_argv, *clients], seed_common(args.step_model, seed))
+                                              [*high_argv, *clients], common)
+                    if wl.key in SEEDED_CAPS:
+                        seeded_caps[seed] = sims.point(
+                            os.path.join(args.out, f"{wl.key}-{prof}-caps-seed{seed}"),
+                            [*high_argv, "--policies", CAPS], common)
+                        seeded_caps[seed] += sims.point(
+                            os.path.join(args.out, f"{wl.key}-{prof}-caps-clients-seed{seed}"),
+                            [*high_argv, "--policies", CAPS, "--client", ",".join(CAP_CLIENTS)], common)
+                        seeded[seed] += sims.point(
+                            os.path.join(args.out, f"{wl.key}-{prof}-high-no-header-seed{seed}"),
+                            [*high_argv, *no_header], common)
+                if seeded_caps:
+                    seeded[SEEDS[0]] = [*pts, *nh_pts]
+                    seeded_caps[SEEDS[0]] = caps
                 seed_summary_rows.append(seed_summary(f"{wl.key}, {prof}, {high:g}", seeded))
             summary.append(summary_row(f"{wl.key}, {prof}, {high:g}", pts, caps, last_pts, nh_pts))
             lines += [
@@ -466,8 +540,10 @@ def main() -> int:
                     "The same sessions under each profile, arriving at the same rate in the order and at the",
                     "times each seed draws: the load differs by seed (FCFS's row), and where FCFS keeps most of",
                     "its hits the gap is short, so a point of it is a few seconds of mean JCT. Gap closed and",
-                    "speed-up over the profile's own FCFS; the caps ran at the first seed only.", "",
-                    *seed_lines(seeded), ""]),
+                    "speed-up over the profile's own FCFS"
+                    + ("; the caps and the no-header profiles ran at every seed too." if seeded_caps else
+                       "; the caps and the no-header profiles ran at the first seed only."), "",
+                    *seed_lines(seeded, seeded_caps or None, spread=wl.key == "spread"), ""]),
                 f"### Low load: {low:g} sessions/min"
                 + (f", the first {wl.low_sessions} sessions" if wl.low_sessions else ""), "",
                 *client_table(low_pts, []), "",

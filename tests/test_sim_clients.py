@@ -537,6 +537,42 @@ def test_clients_report_checks_the_bar_on_the_mean_over_seeds() -> None:
 
 
 @pytest.mark.unit
+def test_clients_report_checks_the_best_cap_on_the_mean_over_seeds() -> None:
+    report = _clients_report()
+    # The caps run at every seed; the best one is chosen per seed and per
+    # prompts. aiperf trails the best cap by 2% at seed 7 but leads by 4%
+    # and 1% at the others (mean ahead); aiperf-no-header trails at two
+    # seeds and on the mean; the no-header profiles join the gap table.
+    jcts = {"tagged": (120.0, 118.0, 119.0), "headers-only": (122.0, 121.0, 120.0),
+            "aiperf": (133.0, 125.0, 128.0), "reasoning": (121.0, 120.0, 119.0)}
+    nh = {"no-header": (122.0, 121.0, 120.0), "aiperf-no-header": (134.0, 133.0, 127.0)}
+    cap = {"tagged": (130.0, 132.0, 128.0), "aiperf": (130.4, 130.2, 129.3), "reasoning": (128.0, 129.0, 127.0)}
+    seeds = (7, 8, 9)
+    by_seed = {seed: [*_client_points(report, {c: j[i] for c, j in jcts.items()}),
+                      *_client_points(report, {c: j[i] for c, j in nh.items()}, report.NO_HEADER_PROFILES)]
+               for i, seed in enumerate(seeds)}
+    caps_by_seed = {seed: [{"client": c, "arm": arm, "jct_mean_s": jct}
+                           for c, j in cap.items() for arm, jct in (("fcfs-cap16", j[i]), ("fcfs-cap8", j[i] + 50))]
+                    for i, seed in enumerate(seeds)}
+    lines = report.seed_lines(by_seed, caps_by_seed, spread=True)
+    assert any(line.startswith("| aiperf-no-header | +66.0% (1.49x) |") for line in lines)
+    by = {line.split("`")[1]: line for line in lines if line.startswith("- ") and "best cap" in line}
+    assert "+2.0% against the best cap" not in by["aiperf"]
+    assert "-1.0% against the best cap on the mean (ahead; 2 of 3 seeds ahead): **holds**" in by["aiperf"]
+    assert "+1.0% against the best cap on the mean (ahead; 1 of 3 seeds ahead): **misses**" in by["aiperf-no-header"]
+    assert "(ahead; 3 of 3 seeds ahead): **holds**" in by["tagged"]
+    assert "| best cap over `aiperf`'s prompts | `fcfs-cap16` 130.4 s | `fcfs-cap16` 130.2 s | `fcfs-cap16` 129.3 s | |" \
+        in lines
+    assert "| aiperf | +2.0% | -4.0% | -1.0% | -1.0% |" in lines
+    # The spread preset's headers-only bars, at every seed.
+    verdicts = {line.split("`")[1]: line for line in lines if line.startswith("- ") and "best cap" not in line}
+    assert "1.64x lower mean JCT at its slowest seed (>= 2x): **misses**" in verdicts["headers-only"]
+    assert "(>= 75%)" not in verdicts["tagged"]
+    # Without the caps at every seed: no cap table.
+    assert not any("best cap" in line for line in report.seed_lines(by_seed))
+
+
+@pytest.mark.unit
 def test_clients_report_points_are_commands_the_simulator_takes() -> None:
     report = _clients_report()
     for wl in report.WORKLOADS:
