@@ -91,8 +91,10 @@ TOML
   fi
 fi
 
-log "installing the plugin (editable) with its test, model-building and benchmark extras"
-"${PIP[@]}" -e "$ROOT[test,build-models,bench,contextserve]"
+log "installing the plugin (editable) with its test, model-building, benchmark and simulator extras"
+# sim: aiconfigurator-core, the simulator's measured-data step model (its
+# tests skip without it).
+"${PIP[@]}" -e "$ROOT[test,build-models,bench,contextserve,sim]"
 if ! has lmcache "$LMCACHE_VERSION"; then
   # LMCache 0.5 as users deploy it: `lmcache server` + vLLM's
   # LMCacheMPConnector. --no-deps: its declared pins (numpy<=2.2.6,
