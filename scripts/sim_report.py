@@ -128,12 +128,14 @@ def main() -> int:
     ap.add_argument("--workers", default=str(os.cpu_count() or 1))
     args = ap.parse_args()
     sections: list[str] = []
+    outs: list[str] = []  # every point's --out, for the commits that ran them
     for profile in PROFILES:
         rate_dir = os.path.join(args.out, profile, "rate")
         common = ["--profile", profile, "--step-model", args.step_model, "--seed", args.seed,
                   "--workers", args.workers]
         rate_cmd = [*common, "--policies", ARMS, "--sweep-rate", RATES[profile], "--out", rate_dir]
         run(rate_cmd)
+        outs.append(rate_cmd[-1])
         rate_points = load(os.path.join(rate_dir, "results.json"))["points"]
         fcfs = sorted((p for p in rate_points if p["arm"] == "fcfs"), key=lambda p: p["rate_per_min"])
         high = next((p["rate_per_min"] for p in fcfs if p["hit_share"] < 0.5), fcfs[-1]["rate_per_min"])
@@ -146,10 +148,12 @@ def main() -> int:
         low_cmd = [*common, "--policies", ARMS, "--rate", f"{LOW_RATE:g}", "--sessions", str(LOW_SESSIONS),
                    "--out", low_dir]
         run(low_cmd)
+        outs.append(low_cmd[-1])
         low_points = load(os.path.join(low_dir, "results.json"))["points"]
         off_dir = os.path.join(args.out, profile, "offload")
         off_cmd = [*common, "--policies", OFFLOAD_ARMS, "--rate", f"{high:g}", "--out", off_dir]
         run(off_cmd)
+        outs.append(off_cmd[-1])
         # Same jobs and arrivals as the load sweep's point at this rate: its
         # fcfs and oracle bound the offload arm's gap closed.
         ref = {p["arm"]: p for p in rate_points if p["rate_per_min"] == high}
@@ -164,6 +168,7 @@ def main() -> int:
             pool_cmd = [*common, "--policies", "fcfs,continuum,oracle", "--rate", f"{high:g}",
                         "--sweep-blocks", POOLS, "--out", pool_dir]
             run(pool_cmd)
+            outs.append(pool_cmd[-1])
             pool_points = load(os.path.join(pool_dir, "results.json"))["points"]
             plot = os.path.relpath(os.path.join(pool_dir, "sweep_pool.png"), os.path.dirname(args.doc))
             pool_section = [
@@ -219,6 +224,8 @@ def main() -> int:
             "```",
             "",
         ]
+    commit = ", ".join(sorted({load(os.path.join(out, "results.json")).get("commit") or "not recorded"
+                               for out in outs}))
     header = [
         "# H100-scale replay of the Claude Code trace subset",
         "",
@@ -230,6 +237,11 @@ def main() -> int:
         "at the 128k context limit). Times are virtual seconds on the simulated GPU. Policies see the same",
         "arrivals. `gap closed` is the share of the FCFS→oracle mean-JCT gap; the oracle is vLLM's stock",
         "scheduler over a pool that never evicts (the bound).",
+        "Client: the simulator's `tagged` profile (every request carries the plugin's job metadata, `is_last_step`",
+        "and the tool's name, and each prompt continues the last verbatim): what the plugin gets from a client",
+        "that tags its requests. What clients that send only a session header, AIPerf's rebuilt prompts or",
+        "stripped reasoning get: docs/retention_clients.md (roofline step model).",
+        f"Code: commit `{commit}` ran every point below (the simulator records it in each results.json).",
         "",
     ]
     os.makedirs(os.path.dirname(args.doc), exist_ok=True)
