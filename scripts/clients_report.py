@@ -47,7 +47,7 @@ reused, so an interrupted run resumes); the commands are printed at the end.
 
     python scripts/clients_report.py [--step-model roofline] [--out docs/sim/clients]
 
-(About an hour on 2 cores, most of it the traces' high loads, and ~75 minutes more for
+(About an hour on 2 cores, most of it the traces' high loads, and about two hours more for
 the extra seeds.)
 """
 

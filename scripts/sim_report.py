@@ -128,15 +128,21 @@ def main() -> int:
     ap.add_argument("--workers", default=str(os.cpu_count() or 1))
     args = ap.parse_args()
     sections: list[str] = []
-    outs: list[str] = []  # every point's --out, for the commits that ran them
+    commits: set[str] = set()  # of the code that ran the points
+
+    def ran(argv: list[str]) -> list[dict]:
+        """The points of ``run(argv)``'s results.json; notes its commit."""
+        run(argv)
+        results = load(os.path.join(argv[argv.index("--out") + 1], "results.json"))
+        commits.add(results.get("commit") or "not recorded")
+        return results["points"]
+
     for profile in PROFILES:
         rate_dir = os.path.join(args.out, profile, "rate")
         common = ["--profile", profile, "--step-model", args.step_model, "--seed", args.seed,
                   "--workers", args.workers]
         rate_cmd = [*common, "--policies", ARMS, "--sweep-rate", RATES[profile], "--out", rate_dir]
-        run(rate_cmd)
-        outs.append(rate_cmd[-1])
-        rate_points = load(os.path.join(rate_dir, "results.json"))["points"]
+        rate_points = ran(rate_cmd)
         fcfs = sorted((p for p in rate_points if p["arm"] == "fcfs"), key=lambda p: p["rate_per_min"])
         high = next((p["rate_per_min"] for p in fcfs if p["hit_share"] < 0.5), fcfs[-1]["rate_per_min"])
         blocks = rate_points[0]["num_blocks"]
@@ -147,18 +153,14 @@ def main() -> int:
         # show the same as all 50 at less cost (little batching: many steps).
         low_cmd = [*common, "--policies", ARMS, "--rate", f"{LOW_RATE:g}", "--sessions", str(LOW_SESSIONS),
                    "--out", low_dir]
-        run(low_cmd)
-        outs.append(low_cmd[-1])
-        low_points = load(os.path.join(low_dir, "results.json"))["points"]
+        low_points = ran(low_cmd)
         off_dir = os.path.join(args.out, profile, "offload")
         off_cmd = [*common, "--policies", OFFLOAD_ARMS, "--rate", f"{high:g}", "--out", off_dir]
-        run(off_cmd)
-        outs.append(off_cmd[-1])
         # Same jobs and arrivals as the load sweep's point at this rate: its
         # fcfs and oracle bound the offload arm's gap closed.
         ref = {p["arm"]: p for p in rate_points if p["rate_per_min"] == high}
         off_points = [p for p in rate_points if p["rate_per_min"] == high and p["arm"] in ("fcfs", "continuum", "oracle")]
-        for p in load(os.path.join(off_dir, "results.json"))["points"]:
+        for p in ran(off_cmd):
             p["gap_closed"] = gap_closed(p["jct_mean_s"], ref["fcfs"]["jct_mean_s"], ref["oracle"]["jct_mean_s"])
             off_points.append(p)
         pool_section: list[str] = []
@@ -167,9 +169,7 @@ def main() -> int:
             pool_dir = os.path.join(args.out, profile, "pool")
             pool_cmd = [*common, "--policies", "fcfs,continuum,oracle", "--rate", f"{high:g}",
                         "--sweep-blocks", POOLS, "--out", pool_dir]
-            run(pool_cmd)
-            outs.append(pool_cmd[-1])
-            pool_points = load(os.path.join(pool_dir, "results.json"))["points"]
+            pool_points = ran(pool_cmd)
             plot = os.path.relpath(os.path.join(pool_dir, "sweep_pool.png"), os.path.dirname(args.doc))
             pool_section = [
                 f"### Pool sweep at {high:g} sessions/min (fraction of the profile's pool)",
@@ -224,8 +224,7 @@ def main() -> int:
             "```",
             "",
         ]
-    commit = ", ".join(sorted({load(os.path.join(out, "results.json")).get("commit") or "not recorded"
-                               for out in outs}))
+    commit = ", ".join(sorted(commits))
     header = [
         "# H100-scale replay of the Claude Code trace subset",
         "",

@@ -248,17 +248,19 @@ def test_short_ttl_expires_while_engine_is_idle(server, client):
     assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0)
 
 
+ABORTED_MAX_TOKENS = 1900  # nearly max_model_len: more decode steps than a starved client needs to hang up
+
+
 def test_abandoned_stream_is_aborted_without_pin(server, client):
     created = server.metric("vllm_continuum:pins_created")
     generated = server.metric("vllm:generation_tokens_total")
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Explain everything."}]
     # A reply that cannot end by itself before the client walks away: no EOS,
-    # nearly the whole context to fill (~1,900 decode steps against the three
-    # chunks the client reads). Were it to finish first anyway (a starved
-    # client), its pin asks for a short TTL, so the module's last check still
-    # sees every block free.
+    # nearly the whole context to fill against the three chunks the client
+    # reads. Were it to finish first anyway (a starved client), its pin asks
+    # for a short TTL, so the module's last check still sees every block free.
     stream = client.chat.completions.create(
-        model="smollm2", messages=messages, max_tokens=1900, stream=True,
+        model="smollm2", messages=messages, max_tokens=ABORTED_MAX_TOKENS, stream=True,
         extra_body={"job_id": "aborted-job", "is_last_step": False, "ignore_eos": True,
                     "expected_tool_seconds": SHORT_TOOL_S},
     )
@@ -271,7 +273,7 @@ def test_abandoned_stream_is_aborted_without_pin(server, client):
     barrier(server, client, "abort")
     # It was cut short (vLLM counts no finish for an abort): far fewer tokens
     # than its max_tokens, the barrier's 8 included.
-    assert server.metric("vllm:generation_tokens_total") - generated < 1900
+    assert server.metric("vllm:generation_tokens_total") - generated < ABORTED_MAX_TOKENS
     assert server.metric("vllm_continuum:pins_created") == created + 1  # the barrier's pin only
 
 
