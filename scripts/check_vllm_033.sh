@@ -83,6 +83,9 @@ TESTS+=(tests/test_prefill_chunks.py)
 # turn_room preempts through vLLM's own _preempt_request (its signature and
 # the running/waiting queues it touches): checked against this vLLM too.
 TESTS+=(tests/test_turn_room.py)
+# backfill reads vLLM's block pool (get_cached_block, free blocks) and the
+# waiting queue: checked against this vLLM too.
+TESTS+=(tests/test_backfill.py)
 # The offload connector's engine-free tests (the CPU store, the worker's
 # block copies, the offload scheduler side, settings, stats) import
 # connectors/ against this vLLM. Its engine tests (tests/test_connector.py)

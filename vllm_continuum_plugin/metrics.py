@@ -115,6 +115,9 @@ class EngineMetrics:
         # in them (prefill_chunks).
         self.prefill_cuts = 0
         self.turn_room_preemptions = 0
+        # Requests passed over at the head of the waiting queue (backfill; a
+        # request passed over in k steps counts k).
+        self.backfill_passes = 0
         self.retention = dict.fromkeys(RETENTION_OUTCOMES, 0)
         # Blocks that directives' low priorities sent to the front of the
         # free queue.
@@ -206,6 +209,11 @@ class EngineMetrics:
             self.turn_room_preemptions += count
             self._dirty = True
 
+    def on_backfill(self, count: int) -> None:
+        with self._lock:
+            self.backfill_passes += count
+            self._dirty = True
+
     def on_new_conversation(self) -> None:
         with self._lock:
             self.conversations_started += 1
@@ -256,6 +264,7 @@ class EngineMetrics:
                 "conversations_started": self.conversations_started,
                 "prefill_cuts": self.prefill_cuts,
                 "turn_room_preemptions": self.turn_room_preemptions,
+                "backfill_passes": self.backfill_passes,
                 "retention": dict(self.retention),
                 "retention_evicted_first_blocks": self.retention_evicted_first_blocks,
             }
@@ -452,6 +461,12 @@ class SnapshotCollector:
             "tier, ran (the tier reloads them when they resume).",
             labels=labels,
         )
+        backfill = CounterMetricFamily(
+            PREFIX + "backfill_passes",
+            "Requests that could not be allocated at the head of the waiting queue and were passed over in a "
+            "step so that requests behind them that fit ran (a request passed over in k steps counts k).",
+            labels=labels,
+        )
         retention = CounterMetricFamily(
             PREFIX + "retention_directives",
             "Requests with retention directives by outcome: accepted (reached the scheduler), honoured (a "
@@ -475,6 +490,7 @@ class SnapshotCollector:
             conversations.add_metric(values, snap.get("conversations_started", 0))
             cuts.add_metric(values, snap.get("prefill_cuts", 0))
             room.add_metric(values, snap.get("turn_room_preemptions", 0))
+            backfill.add_metric(values, snap.get("backfill_passes", 0))
             held.add_metric(values, snap.get("admission_held", 0))
             pinned.add_metric(values, snap["pinned_blocks"])
             jobs.add_metric(values, snap["pinned_jobs"])
@@ -508,6 +524,7 @@ class SnapshotCollector:
             conversations,
             cuts,
             room,
+            backfill,
             retention,
             evicted_first,
         ]

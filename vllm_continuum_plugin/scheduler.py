@@ -104,6 +104,7 @@ from .finished_turns import FinishedTurnsMixin
 from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
 from .soft_pins import SoftPins
+from .backfill import Backfill
 from .turn_room import TurnRoom
 from .policies import PLUGIN_POLICIES
 from .prefill_chunks import NextTurnNeeds, PrefillChunks
@@ -273,15 +274,21 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
             self.tier.pins_are_cheap, cfg.preempt_for_turns_after_s,
             on_preempt=self.continuum_metrics.on_turn_room_preemptions,
         ) if self.tier is not None and cfg.preempt_for_turns and self.pinning_enabled else None
+        # A turn that fits is not kept waiting behind one at the head of the
+        # queue that cannot (by default only under a KV connector: backfill).
+        self.backfill: Backfill | None = Backfill(
+            self, cfg.backfill_max_defer_s, on_pass=self.continuum_metrics.on_backfill,
+        ) if cfg.backfill == "always" or (cfg.backfill == "with_tier" and has_tier) else None
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
-            "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s turn_room=%s decider=%s",
+            "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s turn_room=%s backfill=%s decider=%s",
             self.continuum_policy,
             cfg.ttl_policy, type(self).__name__, self.pinning_enabled, self.max_pinned_blocks,
             self.implicit_jobs is not None,
             "off" if self.admission is None else f"{self.admission.capacity_blocks} blocks"
             + (f" (pool and {self.gate_tier.connector}'s host tier)" if self.gate_tier else ""),
-            self.prefill_chunks is not None, self.turn_room is not None, type(self.decider).__name__,
+            self.prefill_chunks is not None, self.turn_room is not None, self.backfill is not None,
+            type(self.decider).__name__,
         )
         if not self.pinning_enabled:
             logger.warning(
@@ -412,6 +419,9 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         room = self.turn_room
         if room is not None:
             room.make_room(self.clock.time())
+        backfill = self.backfill
+        if backfill is not None:
+            backfill.apply(self.clock.monotonic())
         chunks = self.prefill_chunks
         if chunks is not None:
             chunks.apply((self.kv_holding_waiting, self.waiting), self.running)
@@ -420,6 +430,8 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         finally:
             if chunks is not None:
                 chunks.restore()
+            if backfill is not None:
+                backfill.restore()
             if room is not None:
                 room.restore()
             if gate is not None:
