@@ -30,6 +30,10 @@ room to spare, and the mean TTFT was 0.91 s against the oracle's 0.21 s.
   remembered hits an over-estimate, which passes the request over less
   often, never wrongly.
 
+Only for models with one KV cache group (full attention): with several (a
+sliding window, a hybrid model) a block can be a hit in one group and gone
+from another, and what a request needs is not bounded by one count.
+
 Invariant: the requests passed over in a step are out of the waiting queue
 only for that ``schedule()`` call (:meth:`Backfill.apply` before it,
 :meth:`Backfill.restore` after), so every other path (aborts, stats, the
@@ -67,6 +71,12 @@ class Backfill:
         self._hits: dict[str, int] = {}
         self._held: list[Request] = []
 
+    @staticmethod
+    def supports(kv_cache_config: Any) -> bool:
+        """Does the lower bound on a request's blocks hold for this KV
+        layout (one KV cache group)?"""
+        return len(kv_cache_config.kv_cache_groups) == 1
+
     def surely_misses(self, request: Request, free: int) -> bool:
         """Can ``request`` surely not be allocated with ``free`` blocks?"""
         sched = self._scheduler
@@ -77,7 +87,7 @@ class Backfill:
         # Blocks of its prompt the GPU prefix cache holds (a prefix: the
         # lookup stops at the first miss, as vLLM's own does).
         pool = sched.kv_cache_manager.block_pool
-        groups = list(range(len(sched.kv_cache_config.kv_cache_groups)))
+        groups = [0]  # the only group (``supports``)
         hashes = request.block_hashes
         hits = self._hits.get(request.request_id, 0)
         while hits < len(hashes) and total - hits > free:

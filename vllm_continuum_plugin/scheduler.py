@@ -278,7 +278,8 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         # queue that cannot (by default only under a KV connector: backfill).
         self.backfill: Backfill | None = Backfill(
             self, cfg.backfill_max_defer_s, on_pass=self.continuum_metrics.on_backfill,
-        ) if cfg.backfill == "always" or (cfg.backfill == "with_tier" and has_tier) else None
+        ) if (cfg.backfill == "always" or (cfg.backfill == "with_tier" and has_tier)) and Backfill.supports(
+            self.kv_cache_config) else None
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
             "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s turn_room=%s backfill=%s decider=%s",
