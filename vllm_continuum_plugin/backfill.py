@@ -43,6 +43,7 @@ engine's "has work" checks) sees them waiting, in their own order.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from vllm.utils.math_utils import cdiv
@@ -50,12 +51,15 @@ from vllm.v1.request import Request, RequestStatus
 
 __all__ = ["Backfill"]
 
+# The statuses of a request vLLM's waiting loop tries to allocate.
+_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
 
 class Backfill:
     """Passes over head-of-queue requests that cannot fit (see module doc)."""
 
     def __init__(self, scheduler: Any, max_defer_s: float, limit: int = 16,
-                 on_pass: Any = lambda n: None) -> None:
+                 on_pass: Callable[[int], None] = lambda n: None) -> None:
         if max_defer_s < 0:
             raise ValueError(f"Backfill: max_defer_s must be >= 0, got {max_defer_s!r}")
         if limit < 1:
@@ -81,7 +85,8 @@ class Backfill:
         """Can ``request`` surely not be allocated with ``free`` blocks?"""
         sched = self._scheduler
         block_size = sched.block_size
-        total = cdiv(request.num_tokens + 1, block_size)
+        # (Its whole sequence: allocate_slots' full-sequence check.)
+        total = cdiv(request.num_tokens, block_size)
         if total <= free:
             return False
         # Blocks of its prompt the GPU prefix cache holds (a prefix: the
@@ -111,7 +116,7 @@ class Backfill:
         passed: list[Request] = []
         fits = False
         for request in itertools.islice(sched.waiting, self.limit):
-            if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            if request.status not in _QUEUED:
                 break  # its own wait (a load, a grammar): vLLM skips it itself
             if not self.surely_misses(request, free):
                 fits = True
@@ -132,8 +137,7 @@ class Backfill:
         """Forget requests that no longer wait (bounded by the queue)."""
         requests = self._scheduler.requests
         for memo in (self._since, self._hits):
-            for request_id in [r for r in memo if r not in requests
-                               or requests[r].status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED)]:
+            for request_id in [r for r in memo if r not in requests or requests[r].status not in _QUEUED]:
                 del memo[request_id]
 
     def restore(self) -> None:

@@ -25,12 +25,20 @@ from typing import Any
 from .ranges import DAY_S, RANGE_KEY, Range, check_ranges, ranged
 from .session_ids import DEFAULT_SESSION_HEADERS, parse_session_headers
 
-__all__ = ["ContinuumConfig", "ENV_PREFIX", "load_config"]
+__all__ = ["ContinuumConfig", "ENV_PREFIX", "load_config", "tier_mode_on"]
 
 ENV_PREFIX = "CONTINUUM_"
 ADDITIONAL_CONFIG_SECTION = "continuum"
 TTL_POLICIES = ("priced", "cdf", "fixed")
+# When a mechanism that matters under a host tier is on (cut_long_prefills,
+# backfill): see ``tier_mode_on``.
 PREFILL_CUTS = ("with_tier", "always", "never")
+
+
+def tier_mode_on(mode: str, has_tier: bool) -> bool:
+    """Is a ``PREFILL_CUTS`` setting's mechanism on (``has_tier``: a KV
+    connector is configured)?"""
+    return mode == "always" or (mode == "with_tier" and has_tier)
 
 # Ranges shared by several settings.
 _SECONDS = Range(0.0, DAY_S)  # a duration; 0 allowed (e.g. "never pin")
@@ -228,15 +236,11 @@ class ContinuumConfig:
                 f"continuum setting ttl_policy={self.ttl_policy!r} is invalid; "
                 f"expected one of {TTL_POLICIES}"
             )
-        if self.cut_long_prefills not in PREFILL_CUTS:
-            raise ValueError(
-                f"continuum setting cut_long_prefills={self.cut_long_prefills!r} is invalid; "
-                f"expected one of {PREFILL_CUTS}"
-            )
-        if self.backfill not in PREFILL_CUTS:
-            raise ValueError(
-                f"continuum setting backfill={self.backfill!r} is invalid; expected one of {PREFILL_CUTS}"
-            )
+        for name in ("cut_long_prefills", "backfill"):
+            if getattr(self, name) not in PREFILL_CUTS:
+                raise ValueError(
+                    f"continuum setting {name}={getattr(self, name)!r} is invalid; expected one of {PREFILL_CUTS}"
+                )
         # Every numeric field against its declared range, then the one
         # constraint that relates two fields.
         check_ranges(self, _fail)

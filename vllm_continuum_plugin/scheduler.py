@@ -82,7 +82,7 @@ from vllm.v1.request import Request
 
 from .admission import AdmissionGate
 from .clock import SYSTEM_CLOCK, Clock
-from .config import ContinuumConfig, load_config
+from .config import ContinuumConfig, load_config, tier_mode_on
 from .estimators.history import JobTracker, SlidingMean, TurnCountCorrelation
 from .decisions import Decider, make_decider
 from .declared_holds import DeclaredHolds
@@ -257,7 +257,7 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         # A job's next turn does not wait behind another's long prefill
         # (by default only under a KV connector: see cut_long_prefills).
         has_tier = self.connector is not None
-        cut = cfg.cut_long_prefills == "always" or (cfg.cut_long_prefills == "with_tier" and has_tier)
+        cut = tier_mode_on(cfg.cut_long_prefills, has_tier)
         # What a waiting next turn must compute over its held context: one
         # estimate for the prefill cut and turn_room (a foreign tier implies
         # a connector, so has_tier holds for both).
@@ -278,8 +278,7 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         # queue that cannot (by default only under a KV connector: backfill).
         self.backfill: Backfill | None = Backfill(
             self, cfg.backfill_max_defer_s, on_pass=self.continuum_metrics.on_backfill,
-        ) if (cfg.backfill == "always" or (cfg.backfill == "with_tier" and has_tier)) and Backfill.supports(
-            self.kv_cache_config) else None
+        ) if tier_mode_on(cfg.backfill, has_tier) and Backfill.supports(self.kv_cache_config) else None
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
             "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s turn_room=%s backfill=%s decider=%s",
