@@ -261,7 +261,7 @@ class CountingHash(str):
 def test_matching_costs_a_bounded_number_of_hash_compares_whatever_the_prompt_length():
     # 8 conversations of 100k-block prompts (two remembered each): a request
     # costs at most conversations x prompts x (log2(checkpoints) + 1) compares.
-    from vllm_continuum_plugin.prompt_prefix import CHECKPOINTS
+    from vllm_continuum_plugin.prompt_prefix import CHECKPOINTS, TAIL_CHECKPOINTS
 
     w = World(max_conversations=8)
     n = 100_000
@@ -274,5 +274,5 @@ def test_matching_costs_a_bounded_number_of_hash_compares_whatever_the_prompt_le
         w.jobs[key].in_flight = 1
         w.jobs[key].turns_finished = 1
     assert w.send("big", stranger) is None  # all 8 busy: served as stock
-    bound = 8 * 2 * (CHECKPOINTS.bit_length() + 1)
+    bound = 8 * 2 * ((CHECKPOINTS + TAIL_CHECKPOINTS).bit_length() + 1)
     assert 0 < CountingHash.compares <= bound

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_continuum_plugin.prompt_prefix import CHECKPOINTS, CONTINUE_SHARE, PromptPrefix
+from vllm_continuum_plugin.prompt_prefix import CHECKPOINTS, CONTINUE_SHARE, TAIL_CHECKPOINTS, PromptPrefix
 
 
 def chain(n: int, diverge_at: int | None = None, tag: str = "b") -> list[str]:
@@ -29,6 +29,28 @@ def test_the_shared_prefix_is_known_to_one_checkpoint_and_never_overstated(n, di
     shared = prefix.shared_blocks(chain(n + 3, diverge_at=diverge))
     assert shared <= diverge  # never more than really shared
     assert diverge - shared < n / min(n, CHECKPOINTS) + 1  # within one checkpoint's spacing
+
+
+@pytest.mark.parametrize("n", [33, 100, 731, 6250, 100_000])
+@pytest.mark.parametrize("d", [0, 1, 2, 3, 5, 11, 31])
+def test_a_prefix_that_stops_near_the_end_is_known_to_within_the_unshared_tail_again(n, d):
+    # A tail rewrite leaves all but the last d blocks shared: the checkpoints
+    # near the end know that to within another d + 1 blocks, however long
+    # the prompt (evenly spaced ones alone would lose up to n / 16).
+    prefix = PromptPrefix(chain(n), n)
+    shared = prefix.shared_blocks(chain(n + 5, diverge_at=n - d))
+    assert n - 2 * d - 1 <= shared <= n - d
+
+
+def test_a_sibling_whose_base_is_nearly_its_whole_prompt_is_continued_after_a_tail_rewrite():
+    # Parallel sub-agents started together share all but a few blocks of
+    # their first prompts (720 of 731 blocks came from a sibling). The next
+    # prompt rewrites the last 3 blocks and appends a tool result: it shares
+    # 728 > 720 and continues; a sibling's prompt, sharing only the 720,
+    # does not.
+    prefix = PromptPrefix(chain(731), 731)
+    assert prefix.continued_by(chain(760, diverge_at=728), base_blocks=720)
+    assert not prefix.continued_by(chain(760, diverge_at=720, tag="sibling"), base_blocks=720)
 
 
 def test_a_rewritten_tail_continues_and_a_compacted_history_does_not():
@@ -68,6 +90,7 @@ def test_the_threshold_is_half_of_the_own_blocks():
 
 
 def test_memory_is_bounded_whatever_the_prompt_length():
-    assert len(PromptPrefix(chain(100_000), 100_000)._hashes) == CHECKPOINTS
+    for n in (33, 1000, 100_000):
+        assert len(PromptPrefix(chain(n), n)._hashes) <= CHECKPOINTS + TAIL_CHECKPOINTS
     with pytest.raises(ValueError, match="num_blocks"):
         PromptPrefix(chain(3), 4)

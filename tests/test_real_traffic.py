@@ -11,6 +11,9 @@ their last step, and share a system prompt between sessions:
   message, and an answer after tool calls is not the end of an interactive
   session: the follow-up continues the job, keeps its rank, and finds its
   context (its blocks aged as stock LRU, not evicted first);
+* parallel sub-agents started with nearly the same prompt each continue
+  their own conversation after a tail rewrite, though each one's base is
+  nearly its whole prompt;
 * a sub-agent (a known session's new conversation) is never held by the
   admission gate behind strangers' new sessions (with
   ``admission_sub_agents`` it waits for room, but passes first);
@@ -95,6 +98,39 @@ def test_a_prompt_whose_tail_block_changed_continues_its_conversation_and_takes_
     assert run_for_hit(s, r2) >= 5 * BLOCK  # its context was kept
     m = snap(s)
     assert m["pins_released"]["handoff"] == 1 and m["conversations_started"] == 0
+    lapse_every_pin(s)
+    assert_all_blocks_free(s)
+
+
+@pytest.mark.parametrize("policy", ["continuum", "context_serve"])
+def test_parallel_sub_agents_with_nearly_the_same_prompt_each_continue_their_own_conversation(policy):
+    # Claude Code starts Explore sub-agents together under the session's id,
+    # with prompts that differ only near the end: B's first turn finds 150
+    # of its 160 blocks computed by A (its base). B's next prompt rewrites
+    # its last 2 blocks (a reminder) and appends the tool result: it shares
+    # 158 blocks with B's prompt and 150 with A's. Prefixes known only to
+    # 1/16 of the prompt round 158 down to 150, no more than B's base, and
+    # B's turn went to A's conversation, taking A's pin.
+    s = make_scheduler(policy, num_blocks=320, max_model_len=4096, continuum=FIXED)
+    common = prompt_of(7, 150 * BLOCK)
+    a1 = session_turn(s, "cc-1", common + prompt_of(8, 10 * BLOCK + 5), call("ls") + [EOS])
+    step(s)  # A's prompt computed: B's first turn finds it in the cache
+    b1 = session_turn(s, "cc-1", common + prompt_of(9, 10 * BLOCK + 5), call("pwd") + [EOS])
+    assert run_for_hit(s, b1, a1) >= 150 * BLOCK
+    a_key, b_key = request_meta(a1).job_id, request_meta(b1).job_id
+    assert a_key == "cc-1" and b_key not in (None, a_key)
+    assert a_key in s.pins and b_key in s.pins
+    s.clock.advance(1.0)
+    b2 = session_turn(s, "cc-1", list(b1.prompt_token_ids[: 158 * BLOCK]) + prompt_of(10, 3 * BLOCK),
+                      call("ls") + [EOS])
+    assert request_meta(b2).job_id == b_key
+    assert run_for_hit(s, b2) >= 157 * BLOCK
+    assert a_key in s.pins  # A's context is still held for A
+    a2 = session_turn(s, "cc-1", list(a1.all_token_ids) + prompt_of(11, 2 * BLOCK), call("ls") + [EOS])
+    assert request_meta(a2).job_id == a_key
+    assert run_for_hit(s, a2) >= 160 * BLOCK
+    m = snap(s)
+    assert m["pins_released"]["handoff"] == 2  # each pin taken over by its own next turn
     lapse_every_pin(s)
     assert_all_blocks_free(s)
 

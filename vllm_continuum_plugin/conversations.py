@@ -40,12 +40,13 @@ the victim's first arrival or take the victim's pin.
 A prompt shorter than one block continues nothing (and is continued by
 nothing): two such requests of a session are two conversations.
 
-Matching costs O(conversations x ``MAX_PROMPTS`` x log ``CHECKPOINTS``) hash
+Matching costs O(conversations x ``MAX_PROMPTS`` x log checkpoints) hash
 compares per request, whatever the prompts' lengths.
 
 Invariants: at most ``max_jobs`` conversations in all (the sessions used
 least recently go first), ``max_conversations`` per session and
-``MAX_PROMPTS`` prompts per conversation (``CHECKPOINTS`` hashes each) are
+``MAX_PROMPTS`` prompts per conversation (``CHECKPOINTS + TAIL_CHECKPOINTS``
+hashes each at most) are
 remembered; a conversation's key
 is never another session's; a conversation whose job ends is forgotten (its
 key is free again), and one forgotten to make room has its job state

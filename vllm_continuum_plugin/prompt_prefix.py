@@ -24,39 +24,80 @@ less than half hold 4-41% (compaction: a summary replaces the history). A
 side request (a title, a summary call) holds none of the conversation (91%)
 or all of it.
 
+Where the checkpoints lie: :data:`CHECKPOINTS` evenly spaced ones know a
+shared prefix to within ``1 / CHECKPOINTS`` of the prompt, which is enough
+for the one-half rule but not beside a large base. Parallel sub-agents
+started together (Claude Code's Explore agents) send nearly the same first
+prompt, so each one's base is nearly its whole prompt (720 of 731 blocks);
+its next prompt with a rewritten tail shares 728, which evenly spaced
+checkpoints round down to 686, at or below the base: the turn would not
+continue its own conversation and would land in a sibling's. So
+:data:`TAIL_CHECKPOINTS` more lie at ``n - 2**i`` from the end, which know a
+prefix that stops ``d`` blocks short of the end to within another ``d + 1``
+blocks: fine where the base is large, coarse only where nothing needs it.
+
 Invariants: a prompt shorter than one block is continued by nothing; a
 request sharing no more than the base never continues; at most
-:data:`CHECKPOINTS` hashes are kept per prompt, whatever its length (the
-shared prefix is then known to within ``1 / CHECKPOINTS`` of the prompt,
-rounded down: never more than is really shared). Nothing here imports vLLM.
+``CHECKPOINTS + TAIL_CHECKPOINTS`` hashes are kept per prompt, whatever its
+length; the shared prefix is rounded down to a checkpoint (never more than is
+really shared), to within ``1 / CHECKPOINTS`` of the prompt and, when it
+stops ``d`` blocks short of the prompt's end, to within ``d + 1`` blocks.
+Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
-__all__ = ["CHECKPOINTS", "CONTINUE_SHARE", "PromptPrefix"]
+__all__ = ["CHECKPOINTS", "CONTINUE_SHARE", "PromptPrefix", "TAIL_CHECKPOINTS"]
 
-# Hashes kept per prompt: the shared prefix is known to 1/16 of the prompt,
-# far finer than the one-half rule needs, at ~1 KB per remembered prompt.
+# Evenly spaced hashes kept per prompt: the shared prefix is known to 1/16
+# of the prompt, far finer than the one-half rule needs.
 CHECKPOINTS = 16
+# Hashes kept near the prompt's end, at n - 1, n - 2, n - 4, ... (module doc):
+# a base of nearly the whole prompt is still exceeded by a tail rewrite.
+# 16 reach 32k blocks back, past any context a server holds.
+TAIL_CHECKPOINTS = 16
+# Up to this many blocks every block is a checkpoint (no more hashes than
+# the two kinds of checkpoint together would keep).
+_ALL_BLOCKS_UP_TO = CHECKPOINTS + TAIL_CHECKPOINTS
 # The share of a prompt's own blocks (beyond the base) a request must hold
 # to continue it (module doc).
 CONTINUE_SHARE = 0.5
 
 
+# Shared by every prompt of the same length, so a prompt holds only a
+# reference; bounded, and cheap to recompute on a miss.
+@lru_cache(maxsize=4096)
+def _checkpoints(n: int) -> tuple[int, ...]:
+    """The ascending block indices a prompt of ``n`` full blocks keeps."""
+    if n <= _ALL_BLOCKS_UP_TO:
+        return tuple(range(n))
+    k = CHECKPOINTS
+    # ceil((j + 1) * n / k) - 1 for j < k: evenly spaced, the last is n - 1.
+    even = {((j + 1) * n + k - 1) // k - 1 for j in range(k)}
+    # n - 1, n - 2, n - 4, ...: as far back as the prompt reaches.
+    tail = {n - (1 << i) for i in range(TAIL_CHECKPOINTS) if (1 << i) <= n}
+    return tuple(sorted(even | tail))
+
+
 class PromptPrefix:
     """A prompt's full blocks, as hashes at up to :data:`CHECKPOINTS`
-    evenly spaced indices (the last full block always among them)."""
+    evenly spaced indices and :data:`TAIL_CHECKPOINTS` indices ``n - 2**i``
+    near its end (every index when the prompt has few blocks; the last full
+    block always among them). Indices ascend, so equality with a request's
+    hashes is monotone along them."""
 
-    __slots__ = ("num_blocks", "_hashes")
+    __slots__ = ("num_blocks", "_indices", "_hashes")
 
     def __init__(self, block_hashes: Sequence[Any], num_blocks: int) -> None:
         if num_blocks < 0 or num_blocks > len(block_hashes):
             raise ValueError(f"num_blocks must be in [0, {len(block_hashes)}], got {num_blocks}")
         self.num_blocks = num_blocks
-        self._hashes = tuple(block_hashes[i] for i in self._indices())
+        self._indices = _checkpoints(num_blocks)
+        self._hashes = tuple(block_hashes[i] for i in self._indices)
 
     @classmethod
     def of_request(cls, request: Any, block_size: int) -> PromptPrefix:
@@ -65,18 +106,10 @@ class PromptPrefix:
         num_blocks = min(request.num_prompt_tokens // block_size, len(request.block_hashes))
         return cls(request.block_hashes, num_blocks)
 
-    def _indices(self) -> range | list[int]:
-        n = self.num_blocks
-        k = min(n, CHECKPOINTS)
-        if k == n:
-            return range(n)
-        # ceil((j + 1) * n / k) - 1 for j < k: evenly spaced, the last is n - 1.
-        return [((j + 1) * n + k - 1) // k - 1 for j in range(k)]
-
     def shared_blocks(self, block_hashes: Sequence[Any]) -> int:
         """How many of this prompt's leading blocks a request with these
         block hashes holds, rounded down to a checkpoint."""
-        indices = self._indices()
+        indices = self._indices
         hashes = self._hashes
         lo, hi = 0, len(hashes)  # checkpoints [0, lo) match, [hi, k) do not
         while lo < hi:
