@@ -86,6 +86,11 @@ TESTS+=(tests/test_turn_room.py)
 # backfill reads vLLM's block pool (get_cached_block, free blocks) and the
 # waiting queue: checked against this vLLM too.
 TESTS+=(tests/test_backfill.py)
+# What real clients send (a session header, rewritten prompt tails, sub-agents
+# under their parent's session) matched to conversations on this vLLM's
+# request hashes and scheduler; the conversations' and prompt prefixes' pure
+# rules beside them.
+TESTS+=(tests/test_real_traffic.py tests/test_sub_agents.py tests/test_conversations.py tests/test_prompt_prefix.py)
 # The offload connector's engine-free tests (the CPU store, the worker's
 # block copies, the offload scheduler side, settings, stats) import
 # connectors/ against this vLLM. Its engine tests (tests/test_connector.py)

@@ -19,8 +19,7 @@ rc=0
 if [ $# -eq 0 ] && [ -z "${CONTINUUM_SKIP_VLLM033:-}" ]; then
   t1=$(date +%s)
   echo "[tests] the scheduler-level tests on vLLM 0.33.0 (scripts/check_vllm_033.sh)"
-  CONTINUUM_VLLM033_TESTS="tests/test_queue_and_registration.py tests/test_scheduler.py tests/test_job_order.py tests/test_implicit_scheduler.py tests/test_implicit_jobs.py tests/test_metadata_and_config.py tests/test_offload_parts.py tests/test_conversations.py tests/test_sub_agents.py" \
-    bash scripts/check_vllm_033.sh || rc=$?
+  bash scripts/check_vllm_033.sh || rc=$?
   echo "[tests] vLLM 0.33 check took $(( $(date +%s) - t1 ))s"
 fi
 exit $rc
