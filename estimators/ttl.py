@@ -17,14 +17,7 @@ has been measured (``TTLContext.round_trip_measured``: the default is a
 guess at the tool's own time, and the next turn also waits for the client;
 before a measurement the default stands alone, as it always did); fewer
 for this tool -> the global distribution (measured gaps: they hold the
-round trip already); otherwise the tool's own -- when it differs from the
-other tools' (:func:`tool_differs`, a two-sample Kolmogorov-Smirnov test).
-A tool key whose gaps look like everyone else's gets the pooled samples:
-the rule's argmax over a sample set picks the noise of a small one (a
-client whose tool names carry no timing -- every name of one harness runs
-for about as long -- split six ways gives six noisy CDFs of one
-distribution), while a key that really runs faster or slower (``Read`` and
-``pytest``) is told apart within a few dozen samples.
+round trip already); otherwise the tool's own.
 
 ``priced`` (default) -- the same candidates, cold start and fallbacks, with
 both sides priced in one unit, GPU-seconds of work:
@@ -72,7 +65,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .history import ToolDurationHistory, _SortedSamples
+from .history import ToolDurationHistory
 from .prefill import PrefillCostModel
 from .scopes import DEFAULT_SCOPE, ScopeTable, shared_prior
 
@@ -89,7 +82,6 @@ __all__ = [
     "hold_price",
     "make_ttl_policy",
     "pool_pressure",
-    "tool_differs",
 ]
 
 
@@ -165,8 +157,6 @@ class CDFTTLPolicy:
         # ``ScopedTTLPolicy`` lowers the bound to share it among scopes.
         self._caches: dict[str | None, _DecisionCache] = {}
         self.max_caches = 2 * history.max_tools + 2
-        # Per tool key: (its samples' version when tested, tool_differs).
-        self._verdicts: dict[str | None, tuple[int, bool]] = {}
 
     def decide(self, ctx: TTLContext) -> TTLDecision:
         history = self.history
@@ -175,10 +165,9 @@ class CDFTTLPolicy:
         key: str | None = ctx.tool_key
         samples = history.samples(key)
         source = "tool"
-        pool = history.samples(None)
-        assert pool is not None
-        if samples is None or len(samples) < self.cold_start_samples or not self._differs(key, samples, pool):
-            key, samples, source = None, pool, "global"
+        if samples is None or len(samples) < self.cold_start_samples:
+            key, samples, source = None, history.samples(None), "global"
+        assert samples is not None
         rebuild = ctx.rebuild_seconds if ctx.rebuild_seconds is not None else self.prefill.seconds(ctx.context_tokens)
         benefit = self._benefit(rebuild, ctx)
         cache = self._caches.get(key)
@@ -187,22 +176,6 @@ class CDFTTLPolicy:
                 self._caches.clear()  # tool keys the history dropped
             cache = self._caches[key] = _DecisionCache(samples.version)
         return TTLDecision(cache.answer(samples.as_array(), benefit, self.max_ttl_s), source)
-
-    def _differs(self, key: str | None, samples: _SortedSamples, pool: _SortedSamples) -> bool:
-        """Does tool ``key``'s own sample set differ from the other tools'
-        (:func:`tool_differs`)? Tested again once the key has
-        ``RETEST_SHARE`` more samples (at least ``RETEST_MIN``), so a
-        decision pays the O(n log n) test at most once per that many."""
-        verdict = self._verdicts.get(key)
-        if verdict is not None:
-            version, differs = verdict
-            if samples.version - version < max(RETEST_MIN, RETEST_SHARE * len(samples)):
-                return differs
-        differs = tool_differs(samples.as_array(), pool.as_array(), min_others=self.cold_start_samples)
-        if key not in self._verdicts and len(self._verdicts) >= self.max_caches:
-            self._verdicts.clear()  # tool keys the history dropped
-        self._verdicts[key] = (samples.version, differs)
-        return differs
 
     def cold_start_ttl(self, ctx: TTLContext) -> float:
         """TTL before ``cold_start_samples`` gaps are measured:
@@ -219,39 +192,6 @@ class CDFTTLPolicy:
         the rebuild plus the job's lost place, ``T * eta``; a second held
         costs a second."""
         return ctx.queueing_delay_s * ctx.eta + rebuild_s
-
-
-# The two-sample Kolmogorov-Smirnov test of :func:`tool_differs`: its
-# coefficient c(alpha) for alpha = 0.01 (a key's own samples are used only on
-# strong evidence: pooling loses little when it is wrong, a noisy small set
-# loses on every decision), and how often a key's verdict is tested again.
-KS_C_ALPHA = 1.63
-RETEST_MIN = 16
-RETEST_SHARE = 0.125
-
-
-def tool_differs(own: np.ndarray, pool: np.ndarray, min_others: int = 1, c_alpha: float = KS_C_ALPHA) -> bool:
-    """Do a tool's measured gaps (``own``, sorted) differ from the pool of
-    all tools' (``pool``, sorted; ``own``'s samples are in it)? A
-    two-sample Kolmogorov-Smirnov test: the largest distance between the
-    two empirical CDFs against ``c_alpha * sqrt((n + N) / (n * N))``. The
-    pool is compared as it is, not less ``own``: each keeps its own FIFO
-    window, so the pool may no longer hold ``own``'s oldest samples and a
-    difference of the two would be wrong; the test only loses power as the
-    tool's share of the pool grows (the distance shrinks by the others'
-    share). With fewer than ``min_others`` samples beside ``own``'s the tool
-    is most of the pool and counts as differing (its own samples are then as
-    good as the pool's). O((n + N) log(n + N))."""
-    n, total = len(own), len(pool)
-    if n == 0:
-        return False
-    if total - n < max(1, min_others):
-        return True
-    points = np.concatenate((own, pool))
-    f_own = np.searchsorted(own, points, side="right") / n
-    f_pool = np.searchsorted(pool, points, side="right") / total
-    distance = float(np.max(np.abs(f_own - f_pool)))
-    return distance > c_alpha * math.sqrt((n + total) / (n * total))
 
 
 # The smallest hold price ``priced`` divides by. A pool with no pressure
