@@ -61,9 +61,10 @@ DEPS=(
 # triton dependency (about 1 GB, only its GPU kernels use it).
 NO_DEPS=("xgrammar==0.2.8")
 TEST_DEPS=("pytest>=8" "pytest-timeout>=2.2")
-# Test modules that need no engine. The first four drive vLLM's scheduler
-# (through tests/harness.py); the next five are the plugin's pure-Python
-# layers, cheap to run against the same install.
+# Test modules that need no engine. The first five drive vLLM's scheduler
+# (through tests/harness.py); the next six are the plugin's pure-Python
+# layers, cheap to run against the same install. scripts/run_tests.sh (CI)
+# runs this whole list.
 TESTS=(
   tests/test_queue_and_registration.py
   tests/test_scheduler.py
