@@ -87,6 +87,9 @@ TESTS+=(tests/test_turn_room.py)
 # backfill reads vLLM's block pool (get_cached_block, free blocks) and the
 # waiting queue: checked against this vLLM too.
 TESTS+=(tests/test_backfill.py)
+# The host tier's finished-first order subclasses vLLM's LRU policy (0.33
+# ranks by request and position): checked against this vLLM too.
+TESTS+=(tests/test_host_tier_order.py)
 # What real clients send (a session header, rewritten prompt tails, sub-agents
 # under their parent's session) matched to conversations on this vLLM's
 # request hashes and scheduler; the conversations' and prompt prefixes' pure

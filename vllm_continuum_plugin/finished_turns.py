@@ -42,6 +42,7 @@ from .estimators.prefill import PrefillTimer
 from .eviction_order import evict_first
 from .foreign_tier import ForeignTier
 from .gate_feed import GateFeed
+from .host_tier_order import FinishedFirstLRUCachePolicy
 from .implicit_jobs import ImplicitJobIndex, is_implicit_job, untagged_turn_key
 from .job_order import JobOrder
 from .metadata import JobMetadata
@@ -79,6 +80,7 @@ class FinishedTurnsMixin:
     pins: PinManager
     replies: ReplyReader
     tier: ForeignTier | None
+    tier_order: FinishedFirstLRUCachePolicy | None
     turn_correlation: TurnCountCorrelation
     turns: TurnReader
     _prefills: PrefillTimer
@@ -214,6 +216,9 @@ class FinishedTurnsMixin:
             )
         if ends and self.offload is not None:
             self.offload.demote_request(request)  # nobody reloads a finished job's context
+        if ends and self.tier_order is not None and shared_tokens is not None:
+            # Its own blocks go first out of vLLM's host tier too.
+            self.tier_order.mark_finished(request.request_id, shared_tokens)
         if self.declared.apply(request, None, 0.0):
             return
         if not ends or shared_tokens is None:  # retried, followed up: LRU as usual

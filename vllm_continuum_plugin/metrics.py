@@ -118,6 +118,9 @@ class EngineMetrics:
         # Requests passed over at the head of the waiting queue (backfill; a
         # request passed over in k steps counts k).
         self.backfill_passes = 0
+        # Host-tier blocks of ended jobs ranked first for eviction
+        # (host_tier_order, under vLLM's native offloading).
+        self.tier_evicted_first_blocks = 0
         self.retention = dict.fromkeys(RETENTION_OUTCOMES, 0)
         # Blocks that directives' low priorities sent to the front of the
         # free queue.
@@ -214,6 +217,11 @@ class EngineMetrics:
             self.backfill_passes += count
             self._dirty = True
 
+    def on_tier_evicted_first(self, count: int) -> None:
+        with self._lock:
+            self.tier_evicted_first_blocks += count
+            self._dirty = True
+
     def on_new_conversation(self) -> None:
         with self._lock:
             self.conversations_started += 1
@@ -265,6 +273,7 @@ class EngineMetrics:
                 "prefill_cuts": self.prefill_cuts,
                 "turn_room_preemptions": self.turn_room_preemptions,
                 "backfill_passes": self.backfill_passes,
+                "tier_evicted_first_blocks": self.tier_evicted_first_blocks,
                 "retention": dict(self.retention),
                 "retention_evicted_first_blocks": self.retention_evicted_first_blocks,
             }
@@ -467,6 +476,12 @@ class SnapshotCollector:
             "step so that requests behind them that fit ran (a request passed over in k steps counts k).",
             labels=labels,
         )
+        tier_first = CounterMetricFamily(
+            PREFIX + "tier_evicted_first_blocks",
+            "Host-tier blocks of ended jobs ranked first for eviction under vLLM's native offloading "
+            "(tier_finished_first).",
+            labels=labels,
+        )
         retention = CounterMetricFamily(
             PREFIX + "retention_directives",
             "Requests with retention directives by outcome: accepted (reached the scheduler), honoured (a "
@@ -491,6 +506,7 @@ class SnapshotCollector:
             cuts.add_metric(values, snap.get("prefill_cuts", 0))
             room.add_metric(values, snap.get("turn_room_preemptions", 0))
             backfill.add_metric(values, snap.get("backfill_passes", 0))
+            tier_first.add_metric(values, snap.get("tier_evicted_first_blocks", 0))
             held.add_metric(values, snap.get("admission_held", 0))
             pinned.add_metric(values, snap["pinned_blocks"])
             jobs.add_metric(values, snap["pinned_jobs"])
@@ -525,6 +541,7 @@ class SnapshotCollector:
             cuts,
             room,
             backfill,
+            tier_first,
             retention,
             evicted_first,
         ]

@@ -99,6 +99,7 @@ from .request_record import parse_request_metadata, request_meta, set_request_me
 from .metrics import EngineMetrics
 from .context_costs import ContextCosts
 from .foreign_tier import ForeignTier
+from .host_tier_order import FinishedFirstLRUCachePolicy, install_finished_first
 from .gate_feed import GateFeed
 from .finished_turns import FinishedTurnsMixin
 from .offload_backend import OffloadBackend, find_offload_backend
@@ -192,6 +193,11 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
             if self.connector is not None and self.offload is None
             else None
         )
+        # vLLM's native host tier (LRU): a finished task's blocks go first,
+        # not last (host_tier_order).
+        self.tier_order: FinishedFirstLRUCachePolicy | None = (
+            install_finished_first(self.connector) if self.tier is not None and cfg.tier_finished_first else None
+        )
         self.pinning_enabled = bool(self.cache_config.enable_prefix_caching)
         # Untagged agents: finished turns that called a tool, found again by
         # the prefix of their next turn (needs block hashes: prefix caching).
@@ -220,6 +226,8 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         self.continuum_metrics = EngineMetrics(
             self.continuum_policy, getattr(parallel, "data_parallel_index", 0) or 0
         )
+        if self.tier_order is not None:
+            self.tier_order.on_demoted = self.continuum_metrics.on_tier_evicted_first
         self.pins = PinManager(
             self.kv_cache_manager,
             max_pinned_blocks=int(cfg.max_pinned_fraction * usable_blocks),
@@ -281,14 +289,15 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         ) if tier_mode_on(cfg.backfill, has_tier) and Backfill.supports(self.kv_cache_config) else None
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
-            "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s turn_room=%s backfill=%s decider=%s",
+            "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s turn_room=%s backfill=%s "
+            "tier_finished_first=%s decider=%s",
             self.continuum_policy,
             cfg.ttl_policy, type(self).__name__, self.pinning_enabled, self.max_pinned_blocks,
             self.implicit_jobs is not None,
             "off" if self.admission is None else f"{self.admission.capacity_blocks} blocks"
             + (f" (pool and {self.gate_tier.connector}'s host tier)" if self.gate_tier else ""),
             self.prefill_chunks is not None, self.turn_room is not None, self.backfill is not None,
-            type(self.decider).__name__,
+            self.tier_order is not None, type(self.decider).__name__,
         )
         if not self.pinning_enabled:
             logger.warning(
