@@ -193,8 +193,8 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
             if self.connector is not None and self.offload is None
             else None
         )
-        # vLLM's native host tier (LRU): a finished task's blocks go first,
-        # not last (host_tier_order).
+        # vLLM's native host tier (LRU): an ended job's blocks go first, not
+        # last (host_tier_order).
         self.tier_order: FinishedFirstLRUCachePolicy | None = (
             install_finished_first(self.connector) if self.tier is not None and cfg.tier_finished_first else None
         )
