@@ -78,6 +78,7 @@ FILE_LEVELS = {
     "test_prefill_chunks.py": "scheduler",
     "test_turn_room.py": "scheduler",
     "test_backfill.py": "scheduler",
+    "test_host_tier_order.py": "scheduler",
     "test_real_traffic.py": "scheduler",
     "test_retention.py": "unit",
     "test_retention_scheduler.py": "scheduler",

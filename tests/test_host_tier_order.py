@@ -59,6 +59,7 @@ def evicted(policy: LRUCachePolicy, n: int) -> set[OffloadKey]:
     return {key for key, _ in out}
 
 
+@pytest.mark.unit  # vLLM's policy alone (the file's level is scheduler)
 def test_a_marked_requests_blocks_go_first_though_it_finished_last() -> None:
     policy = FinishedFirstLRUCachePolicy(cache_capacity=64)
     counted: list[int] = []
@@ -73,6 +74,7 @@ def test_a_marked_requests_blocks_go_first_though_it_finished_last() -> None:
     assert policy.demoted_total == 4 and counted == [4]
 
 
+@pytest.mark.unit  # vLLM's policy alone (the file's level is scheduler)
 def test_without_a_mark_it_is_vllms_lru() -> None:
     ours, stock = FinishedFirstLRUCachePolicy(cache_capacity=64), LRUCachePolicy(cache_capacity=64)
     for policy in (ours, stock):
@@ -83,6 +85,7 @@ def test_without_a_mark_it_is_vllms_lru() -> None:
     assert evicted(ours, 3) == evicted(stock, 3) == set(live)
 
 
+@pytest.mark.unit  # vLLM's policy alone (the file's level is scheduler)
 def test_the_shared_prefix_keeps_its_place_and_a_follow_up_revives_the_rest() -> None:
     policy = FinishedFirstLRUCachePolicy(cache_capacity=64)
     live, live_ctx = store(policy, "live", 4)
@@ -105,6 +108,7 @@ def test_the_shared_prefix_keeps_its_place_and_a_follow_up_revives_the_rest() ->
     assert evicted(policy, 2) == set(live)
 
 
+@pytest.mark.unit  # vLLM's policy alone (the file's level is scheduler)
 def test_marks_are_bounded_and_validated() -> None:
     policy = FinishedFirstLRUCachePolicy(cache_capacity=8)
     for i in range(MAX_MARKS + 10):
@@ -118,6 +122,7 @@ def connector_with(policy: object) -> SimpleNamespace:
     return SimpleNamespace(connector_scheduler=SimpleNamespace(manager=SimpleNamespace(_policy=policy)))
 
 
+@pytest.mark.unit  # vLLM's policy alone (the file's level is scheduler)
 def test_installed_only_over_an_empty_stock_lru_policy() -> None:
     connector = connector_with(LRUCachePolicy(cache_capacity=32))
     installed = install_finished_first(connector)
