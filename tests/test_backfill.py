@@ -16,13 +16,11 @@ from collections.abc import Iterator
 import pytest
 
 from benchmarks import simulate
-from benchmarks.sim.arms import ARMS
 from benchmarks.sim.jobs import Segment, SimJob, SimTurn, stable_key
-from benchmarks.sim.profiles import PROFILES, write_config_dir
-from benchmarks.sim.step_model import RooflineStepModel
+from benchmarks.sim.profiles import write_config_dir
+from native_tier_rig import PROFILE, native_tier_arm, run_native_tier, sim_settings
 from vllm_continuum_plugin.config import ContinuumConfig
 
-PROFILE = PROFILES["h100-llama8b"]
 BLOCKS = 1000  # 16k tokens
 
 
@@ -47,15 +45,12 @@ def workload(smalls: int = 1) -> list[SimJob]:
 
 
 def run(model_dir: str, jobs: list[SimJob], *settings: str):
-    arm = simulate._with_settings(ARMS["continuum-native-offload"], ["backfill=\"with_tier\"", *settings])
-    sim = simulate.SimSettings(PROFILE, RooflineStepModel(PROFILE), model_dir, BLOCKS, offload_gib=16.0)
-    return simulate.run_arm(arm, jobs, sim)  # asserts every block is free at the end
+    return run_native_tier(model_dir, jobs, BLOCKS, 16.0, ["backfill=\"with_tier\"", *settings])
 
 
 def test_passes_are_counted_and_every_block_is_freed(model_dir: str) -> None:
-    arm = simulate._with_settings(ARMS["continuum-native-offload"], ["backfill=\"with_tier\""])
-    sim = simulate.SimSettings(PROFILE, RooflineStepModel(PROFILE), model_dir, BLOCKS, offload_gib=16.0)
-    engine = simulate.build_engine(arm, workload(), sim)
+    engine = simulate.build_engine(native_tier_arm(["backfill=\"with_tier\""]), workload(),
+                                   sim_settings(model_dir, BLOCKS, 16.0))
     try:
         engine.run()
         free, usable = engine.free_blocks()
@@ -104,9 +99,7 @@ def test_a_passed_over_request_blocks_again_after_max_defer_s(model_dir: str) ->
 
 def test_backfill_is_opt_in(model_dir: str) -> None:
     # Off by default: the stock head-of-line order.
-    arm = simulate._with_settings(ARMS["continuum-native-offload"], [])
-    sim = simulate.SimSettings(PROFILE, RooflineStepModel(PROFILE), model_dir, BLOCKS, offload_gib=16.0)
-    _, default = simulate.run_arm(arm, workload(), sim)
+    _, default = run_native_tier(model_dir, workload(), BLOCKS, 16.0, [])
     _, never = run(model_dir, workload(), "backfill=\"never\"")
     assert turn(default, "small0").queueing_s == turn(never, "small0").queueing_s > 1.0
     assert ContinuumConfig().backfill == "never"

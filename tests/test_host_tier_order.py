@@ -22,11 +22,9 @@ from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
-from benchmarks import simulate
-from benchmarks.sim.arms import ARMS
 from benchmarks.sim.jobs import Segment, SimJob, SimTurn, stable_key
-from benchmarks.sim.profiles import PROFILES, write_config_dir
-from benchmarks.sim.step_model import RooflineStepModel
+from benchmarks.sim.profiles import write_config_dir
+from native_tier_rig import PROFILE, run_native_tier
 from vllm_continuum_plugin.host_tier_order import (
     MAX_MARKS,
     FinishedFirstLRUCachePolicy,
@@ -138,7 +136,6 @@ def test_installed_only_over_an_empty_stock_lru_policy() -> None:
 
 # -- end to end: vLLM's scheduler, its OffloadingConnector, the plugin --------
 
-PROFILE = PROFILES["h100-llama8b"]
 POOL_BLOCKS = 1000  # 16k tokens on the GPU
 # The host tier: 3 GiB of 8B's 128 KiB per token, ~24k tokens: three 8k contexts.
 TIER_GIB = 3.0
@@ -175,10 +172,8 @@ def workload() -> list[SimJob]:
 
 
 def run(model_dir: str, finished_first: bool):
-    arm = simulate._with_settings(ARMS["continuum-native-offload"],
-                                  [f"tier_finished_first={str(finished_first).lower()}"])
-    settings = simulate.SimSettings(PROFILE, RooflineStepModel(PROFILE), model_dir, POOL_BLOCKS, offload_gib=TIER_GIB)
-    return simulate.run_arm(arm, workload(), settings)  # asserts every block is free at the end
+    return run_native_tier(model_dir, workload(), POOL_BLOCKS, TIER_GIB,
+                           [f"tier_finished_first={str(finished_first).lower()}"])
 
 
 def returning(records):

@@ -16,13 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks import simulate
-from benchmarks.sim.arms import ARMS
 from benchmarks.sim.jobs import Segment, SimJob, SimTurn, stable_key
-from benchmarks.sim.profiles import PROFILES, write_config_dir
-from benchmarks.sim.step_model import RooflineStepModel
+from benchmarks.sim.profiles import write_config_dir
+from native_tier_rig import PROFILE, run_native_tier
 
-PROFILE = PROFILES["h100-llama8b"]
 BLOCKS = 1000  # 16k tokens
 
 
@@ -56,9 +53,7 @@ def workload() -> list[SimJob]:
 
 
 def run(model_dir: str, enabled: bool):
-    arm = simulate._with_settings(ARMS["continuum-native-offload"], [f"preempt_for_turns={str(enabled).lower()}"])
-    settings = simulate.SimSettings(PROFILE, RooflineStepModel(PROFILE), model_dir, BLOCKS, offload_gib=16.0)
-    return simulate.run_arm(arm, workload(), settings)  # asserts every block is free at the end
+    return run_native_tier(model_dir, workload(), BLOCKS, 16.0, [f"preempt_for_turns={str(enabled).lower()}"])
 
 
 def returning_turn(records):

@@ -153,17 +153,17 @@ class ContinuumConfig:
     # ranked after it until their blocks make room (turn_room): the tier
     # reloads them when they resume.
     preempt_for_turns: bool = True
+    # How long such a turn waits for room before decodes are preempted for
+    # it (0: at once. Traces, 256 GiB tier: 0 s gave H100 8B at 1 session/min
+    # a mean TTFT of 0.42 s against 1.01 s with 0.5 s, and a lower mean JCT,
+    # on 7b551b3).
+    preempt_for_turns_after_s: float = ranged(0.0, Range(0.0, 3600.0))
     # Under vLLM's native offloading with its default LRU host tier, the
     # blocks of a turn that ends its job (is_last_step, a finish action) go
     # first out of the tier instead of last (host_tier_order): vLLM counts a
     # request's finish as a use, so an ended job's context would outlive
     # those of agents whose tools still run.
     tier_finished_first: bool = True
-    # How long such a turn waits for room before decodes are preempted for
-    # it (0: at once. Traces, 256 GiB tier: 0 s gave H100 8B at 1 session/min
-    # a mean TTFT of 0.42 s against 1.01 s with 0.5 s, and a lower mean JCT,
-    # on 7b551b3).
-    preempt_for_turns_after_s: float = ranged(0.0, Range(0.0, 3600.0))
     # When the request at the head of the waiting queue surely cannot be
     # allocated in a step (its prompt's blocks beyond its GPU prefix-cache
     # hits exceed the free ones), let the requests behind it that may fit go
