@@ -68,7 +68,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scripts.sim_report import SimPoints, replace_readme_block  # noqa: E402
 
 from scripts.capacity_scoring import (  # noqa: E402
-    BASE_ARMS, CAPS, EVICTED_ARMS, OFFLOAD_ARMS, PLUGIN_NATIVE_ARM, SEED_CHECK_ARMS, SEED_CHECK_RATES, SEED_CHECK_TIER,
+    BASE_ARMS, CAPS, EVICTED_ARMS, OFFLOAD_ARMS, PLUGIN_NATIVE_ARM, PREFETCH_ARM, SEED_CHECK_ARMS, SEED_CHECK_RATES, SEED_CHECK_TIER,
     SOLO_RATE,
     STATIC_CUT_ARMS, STATIC_CUT_TIERS, STATIC_CUT_TOKENS, VICTIM_ARM, WORKLOAD, Slo, arm_series, attainment,
     bar_rate, rate_union, rates_run, relabel_static_cut, solo_jcts, static_cut, superseded,
@@ -303,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                 split[t] = [*superseded(point(f"{prof}-ttft-{t}g", [*base, "--rate", f"{ttft_rate:g}", "--policies",
                                                                     ",".join(NATIVE_ARMS), "--offload-gib", t])),
                             *(ours or point(f"{prof}-ttft-{t}g-plugin-native", [
-                                *base, "--rate", f"{ttft_rate:g}", "--policies", PLUGIN_NATIVE_ARM, "--offload-gib", t]))]
+                                *base, "--rate", f"{ttft_rate:g}", "--policies", PLUGIN_NATIVE_ARM, "--offload-gib", t])),
+                            *point(f"{prof}-ttft-{t}g-prefetch", [
+                                *base, "--rate", f"{ttft_rate:g}", "--policies", PREFETCH_ARM, "--offload-gib", t])]
             oracle = arm_series(pts, "oracle").get(ttft_rate)
             lines += ttft_section(prof, ttft_rate, oracle, split)
         if seed_sims and SEED_CHECK_TIER in tiers and prof in SEED_CHECK_RATES:

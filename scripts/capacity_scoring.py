@@ -31,6 +31,8 @@ CAPS = ("fcfs-cap8", "fcfs-cap12", "fcfs-cap16")
 # ``preempt_for_turns``) keep their command; their runs of it are superseded
 # (``superseded``), not shown.
 PLUGIN_NATIVE_ARM = "continuum-native-offload"
+# The same with prefetch on (opt-in): its TTFT beside the plugin's.
+PREFETCH_ARM = "continuum-native-prefetch"
 
 
 def superseded(points: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from scripts.capacity_scoring import (
-    BASE_ARMS, EVICTED_ARMS, GPUS, OFFLOAD_ARMS, SEED_CHECK_ARMS, SEED_CHECK_REFERENCE, SEED_CHECK_TIER, VICTIM_ARM,
+    BASE_ARMS, EVICTED_ARMS, GPUS, OFFLOAD_ARMS, PLUGIN_NATIVE_ARM, PREFETCH_ARM, SEED_CHECK_ARMS, SEED_CHECK_REFERENCE,
+    SEED_CHECK_TIER, VICTIM_ARM,
     Slo, arm_series, attainment, capacity, misses, rates_run, reference_arm, static_cut,
 )
 
@@ -205,7 +206,9 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
              "the turns wait for is room in the GPU pool: under the plugin (`continuum-native-offload`) a "
              "job's next turn whose context the tier holds does not wait for it behind younger jobs' "
              "decodes, which are preempted and reloaded from the tier when they resume "
-             "(`preempt_for_turns`, docs/scheduling.md).", "",
+             "(`preempt_for_turns`, docs/scheduling.md). `continuum-native-prefetch` is the plugin with "
+             "`prefetch` on: a job's context is loaded back from the tier before its tool is predicted back "
+             "(docs/offload.md).", "",
              "| arm | TTFT mean s | load wait s | other queueing s | first step to token s | "
              "without loads s | JCT mean s |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -220,9 +223,15 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
     already: list[str] = []
     reachable: list[str] = []
     beyond: list[str] = []
+    measured: list[str] = []  # what prefetching gave, where it ran
     for tier, pts in per_tier.items():
         stock = next((p for p in pts if p["arm"] == "native-offload"), None)
+        plugin = next((p for p in pts if p["arm"] == PLUGIN_NATIVE_ARM), None)
         for p in pts:
+            if p["arm"] == PREFETCH_ARM and plugin is not None:
+                measured.append(f"at {tier} GiB mean TTFT {plugin['ttft_mean_s']:.2f} -> {p['ttft_mean_s']:.2f} s "
+                                f"(loads {plugin['load_wait_mean_s']:.2f} -> {p['load_wait_mean_s']:.2f} s), "
+                                f"mean JCT {p['jct_mean_s'] / plugin['jct_mean_s'] - 1:+.1%}")
             load = p["load_wait_mean_s"]
             without = p["ttft_mean_s"] - load
             lines.append(f"| {p['arm']} ({tier} GiB) | {p['ttft_mean_s']:.2f} | {load:.2f} | "
@@ -255,6 +264,9 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
                         + ": the turns wait for room in the GPU pool (the oracle's pool never fills), not "
                         "for their loads; a prefetch would take that room earlier")
         lines += ["", "So " + "; ".join(said) + ".", ""]
+    if measured:
+        lines += [f"Prefetching as the plugin does it (`{PLUGIN_NATIVE_ARM}` -> `{PREFETCH_ARM}`): "
+                  + "; ".join(measured) + ".", ""]
     return lines
 
 

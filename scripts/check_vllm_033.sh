@@ -90,6 +90,9 @@ TESTS+=(tests/test_backfill.py)
 # The host tier's finished-first order subclasses vLLM's LRU policy (0.33
 # ranks by request and position): checked against this vLLM too.
 TESTS+=(tests/test_host_tier_order.py)
+# Prefetch builds requests, looks up vLLM's prefix cache and the connector,
+# and finishes a loaded request through vLLM's own calls: checked too.
+TESTS+=(tests/test_prefetch.py)
 # What real clients send (a session header, rewritten prompt tails, sub-agents
 # under their parent's session) matched to conversations on this vLLM's
 # request hashes and scheduler; the conversations' and prompt prefixes' pure

@@ -79,6 +79,7 @@ FILE_LEVELS = {
     "test_turn_room.py": "scheduler",
     "test_backfill.py": "scheduler",
     "test_host_tier_order.py": "scheduler",
+    "test_prefetch.py": "scheduler",
     "test_real_traffic.py": "scheduler",
     "test_retention.py": "unit",
     "test_retention_scheduler.py": "scheduler",

@@ -164,6 +164,25 @@ class ContinuumConfig:
     # request's finish as a use, so an ended job's context would outlive
     # those of agents whose tools still run.
     tier_finished_first: bool = True
+    # Under a foreign KV connector's host tier that loads asynchronously
+    # (vLLM's native offloading), load a job's context back to the GPU
+    # before its tool is predicted back (prefetch): from when the
+    # prefetch_quantile of the scope's measured times of the tool, less twice
+    # the tier's measured reload time, has passed, while no request waits
+    # and the pool keeps prefetch_reserve of its blocks free; the loaded
+    # blocks are pinned for the job (until the tool's 90th percentile).
+    # Opt-in: on the Claude Code traces (H100 8B, 256 GiB tier, 1
+    # session/min) the GPU pool is full when contexts come back, so a
+    # prefetch takes another context's place; it cut mean TTFT on one draw
+    # of sessions and raised it on another, and raised mean JCT on both
+    # (docs/offload.md).
+    prefetch: bool = False
+    prefetch_quantile: float = ranged(0.5, Range(0.0, 1.0, lo_open=True, hi_open=True))
+    # Bytes the plans may hold (a context's tokens as int32 and its block
+    # hashes; the oldest plans go first): what a client's long contexts can
+    # grow.
+    prefetch_max_bytes: int = ranged(256 * 2**20, Range(0, 2**40, integer=True))
+    prefetch_reserve: float = ranged(0.1, Range(0.0, 1.0, hi_open=True))
     # When the request at the head of the waiting queue surely cannot be
     # allocated in a step (its prompt's blocks beyond its GPU prefix-cache
     # hits exceed the free ones), let the requests behind it that may fit go

@@ -49,6 +49,7 @@ from .metadata import JobMetadata
 from .metrics import EngineMetrics
 from .offload_backend import OffloadBackend
 from .pin_manager import PinManager
+from .prefetch import Prefetcher
 from .reply_reader import ReplyReader, stop_token_ids
 from .request_record import request_meta, set_request_meta
 from .turn_facts import TurnReader
@@ -78,6 +79,7 @@ class FinishedTurnsMixin:
     offload: OffloadBackend | None
     order: JobOrder
     pins: PinManager
+    prefetch: Prefetcher | None
     replies: ReplyReader
     tier: ForeignTier | None
     tier_order: FinishedFirstLRUCachePolicy | None
@@ -90,6 +92,10 @@ class FinishedTurnsMixin:
     def _free_request_blocks(self, request: Request) -> None:
         """A request leaves vLLM (finished or preempted): ``decide_turn``
         says what its turn becomes, this applies it."""
+        prefetch = self.prefetch
+        if prefetch is not None and prefetch.owns(request.request_id):
+            prefetch.freed(request, self._stock_free)  # no turn of any job
+            return
         if request.is_finished():
             self._forget_waiting(request)
             self._prefills.forget(request.request_id)
@@ -144,6 +150,9 @@ class FinishedTurnsMixin:
             self.implicit_jobs.register_request(
                 job_id, request, self.replies.decode, stop_token_ids(request), meta.scope
             )
+        if self.prefetch is not None and job is not None and call is not None:
+            # Its context comes back from the host tier before its tool does.
+            self.prefetch.plan(request, meta, tool_key, self.order.ranked_arrival(request))
         if outcome.kind is TurnOutcomeKind.FREE:  # no pinning: nothing to decide
             if self.gate_feed is not None:
                 self.gate_feed.holds_nothing(job_id)
@@ -249,6 +258,8 @@ class FinishedTurnsMixin:
             self.implicit_jobs.forget(job_id)
         if release_reason is not None:
             self.pins.release(job_id, release_reason)
+        if self.prefetch is not None:
+            self.prefetch.cancel(job_id)
         if self.offload is not None:
             # An ended job's stored blocks go first; an aborted turn may be
             # retried, an answer followed up: keep them.

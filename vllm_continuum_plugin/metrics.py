@@ -55,6 +55,8 @@ IMPLICIT_EVENTS = ("started", "continued")
 # ("accepted"), declared holds that lasted or were taken over by their job
 # ("honoured") or that memory took first ("overridden").
 RETENTION_OUTCOMES = ("accepted", "honoured", "overridden")
+# What became of prefetches (prefetch.Prefetcher).
+PREFETCH_OUTCOMES = ("started", "loaded", "failed", "dropped")
 TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 TOOL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ERROR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
@@ -121,6 +123,8 @@ class EngineMetrics:
         # Host-tier blocks of ended jobs ranked first for eviction
         # (host_tier_order, under vLLM's native offloading).
         self.tier_evicted_first_blocks = 0
+        # Prefetches from a foreign host tier by outcome (prefetch).
+        self.prefetches = dict.fromkeys(PREFETCH_OUTCOMES, 0)
         self.retention = dict.fromkeys(RETENTION_OUTCOMES, 0)
         # Blocks that directives' low priorities sent to the front of the
         # free queue.
@@ -222,6 +226,11 @@ class EngineMetrics:
             self.tier_evicted_first_blocks += count
             self._dirty = True
 
+    def on_prefetch(self, outcome: str, count: int) -> None:
+        with self._lock:
+            self.prefetches[outcome] = self.prefetches.get(outcome, 0) + count
+            self._dirty = True
+
     def on_new_conversation(self) -> None:
         with self._lock:
             self.conversations_started += 1
@@ -274,6 +283,7 @@ class EngineMetrics:
                 "turn_room_preemptions": self.turn_room_preemptions,
                 "backfill_passes": self.backfill_passes,
                 "tier_evicted_first_blocks": self.tier_evicted_first_blocks,
+                "prefetches": dict(self.prefetches),
                 "retention": dict(self.retention),
                 "retention_evicted_first_blocks": self.retention_evicted_first_blocks,
             }
@@ -482,6 +492,13 @@ class SnapshotCollector:
             "(tier_finished_first).",
             labels=labels,
         )
+        prefetches = CounterMetricFamily(
+            PREFIX + "prefetches",
+            "Prefetches of jobs' contexts from a foreign host tier before their tools return, by outcome: "
+            "started (a load began), loaded (its blocks were pinned for the job), failed (the load failed), "
+            "dropped (aborted in flight: the job ended or the engine reset).",
+            labels=labels + ["outcome"],
+        )
         retention = CounterMetricFamily(
             PREFIX + "retention_directives",
             "Requests with retention directives by outcome: accepted (reached the scheduler), honoured (a "
@@ -507,6 +524,8 @@ class SnapshotCollector:
             room.add_metric(values, snap.get("turn_room_preemptions", 0))
             backfill.add_metric(values, snap.get("backfill_passes", 0))
             tier_first.add_metric(values, snap.get("tier_evicted_first_blocks", 0))
+            for outcome, count in snap.get("prefetches", {}).items():
+                prefetches.add_metric(values + [outcome], count)
             held.add_metric(values, snap.get("admission_held", 0))
             pinned.add_metric(values, snap["pinned_blocks"])
             jobs.add_metric(values, snap["pinned_jobs"])
@@ -542,6 +561,7 @@ class SnapshotCollector:
             room,
             backfill,
             tier_first,
+            prefetches,
             retention,
             evicted_first,
         ]

@@ -104,6 +104,7 @@ from .gate_feed import GateFeed
 from .finished_turns import FinishedTurnsMixin
 from .offload_backend import OffloadBackend, find_offload_backend
 from .pin_manager import PinManager
+from .prefetch import Prefetcher
 from .soft_pins import SoftPins
 from .backfill import Backfill
 from .turn_room import TurnRoom
@@ -287,17 +288,24 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         self.backfill: Backfill | None = Backfill(
             self, cfg.backfill_max_defer_s, on_pass=self.continuum_metrics.on_backfill,
         ) if tier_mode_on(cfg.backfill, has_tier) and Backfill.supports(self.kv_cache_config) else None
+        # A job's context goes back to the GPU from the foreign host tier
+        # before its tool is predicted back (prefetch).
+        self.prefetch: Prefetcher | None = Prefetcher(
+            self, self.pins, self.tool_history, self._tier_reload_seconds, clock,
+            cfg.prefetch_quantile, cfg.prefetch_max_bytes, cfg.prefetch_reserve,
+            on_event=self.continuum_metrics.on_prefetch,
+        ) if self.tier is not None and cfg.prefetch and self.pinning_enabled else None
         logger.info(
             "vllm-continuum-plugin active: policy=%s ttl_policy=%s scheduler=%s prefix_caching=%s "
             "max_pinned_blocks=%d implicit_jobs=%s admission=%s prefill_cuts=%s turn_room=%s backfill=%s "
-            "tier_finished_first=%s decider=%s",
+            "tier_finished_first=%s prefetch=%s decider=%s",
             self.continuum_policy,
             cfg.ttl_policy, type(self).__name__, self.pinning_enabled, self.max_pinned_blocks,
             self.implicit_jobs is not None,
             "off" if self.admission is None else f"{self.admission.capacity_blocks} blocks"
             + (f" (pool and {self.gate_tier.connector}'s host tier)" if self.gate_tier else ""),
             self.prefill_chunks is not None, self.turn_room is not None, self.backfill is not None,
-            self.tier_order is not None, type(self.decider).__name__,
+            self.tier_order is not None, self.prefetch is not None, type(self.decider).__name__,
         )
         if not self.pinning_enabled:
             logger.warning(
@@ -308,6 +316,13 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
     @property
     def max_pinned_blocks(self) -> int:
         return self.pins.max_pinned_blocks
+
+    def _tier_reload_seconds(self, tokens: int) -> float:
+        """What reloading ``tokens`` of context from the foreign tier takes
+        (measured; a prefill while nothing is measured)."""
+        assert self.tier is not None
+        seconds = self.tier.rebuild_seconds(tokens)
+        return seconds if seconds is not None else self.prefill_cost.seconds(tokens, 0)
 
     # ------------------------------------------------------------------
     # Queue ordering (the rule lives in JobOrder)
@@ -332,6 +347,9 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
     # Request arrival
     # ------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        if self.prefetch is not None and self.prefetch.owns(request.request_id):
+            super().add_request(request)  # type: ignore[misc]
+            return
         if request.request_id not in self.requests:
             meta = parse_request_metadata(request)
             if meta.job_id is not None:  # the session's conversation it continues
@@ -371,6 +389,8 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
 
     def _on_job_arrival(self, request: Request, meta: JobMetadata) -> None:
         assert meta.job_id is not None
+        if self.prefetch is not None:
+            self.prefetch.on_arrival(meta.job_id)
         job, measured, tool_key = self.jobs.on_arrival(meta.job_id, request.arrival_time, meta.scope)
         if meta.tools_offered is not None:  # known from the first turn on (an agent beside a title)
             job.tools_offered = meta.tools_offered
@@ -418,6 +438,9 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         if not self._waker.attached:
             self._waker.attach()
         self.pins.release_expired()
+        prefetch = self.prefetch
+        if prefetch is not None:
+            prefetch.complete()  # a reported load is pinned before vLLM would run it
         self.soft_pins.arm()
         if self._running_order_dirty:
             self.order.sort_running(self.running)
@@ -434,9 +457,15 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         chunks = self.prefill_chunks
         if chunks is not None:
             chunks.apply((self.kv_holding_waiting, self.waiting), self.running)
+        if prefetch is not None:
+            prefetch.hold(self.waiting)  # a turn waits for its context's load in flight
+            prefetch.start(self.waiting, self.kv_holding_waiting)
         try:
             output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
+            if prefetch is not None:
+                prefetch.restore(self.waiting)
+                prefetch.after_schedule()
             if chunks is not None:
                 chunks.restore()
             if backfill is not None:
@@ -503,15 +532,27 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
             self._prefills.observe(self.requests, self.clock.monotonic())
         # Pins created by requests that finished in this step need a wake-up
         # even if the engine goes idle right after.
-        self._waker.set_deadline(self.pins.next_deadline())
+        self._waker.set_deadline(self._next_wakeup())
         return outputs
+
+    def _next_wakeup(self) -> float | None:
+        """When an idle engine must step again: the next pin deadline or
+        prefetch due (monotonic), or None."""
+        times = [t for t in (self.pins.next_deadline(),
+                             self.prefetch.next_due() if self.prefetch is not None else None) if t is not None]
+        return min(times) if times else None
+
+    def prefetch_due_at(self) -> float | None:
+        """When the next prefetch is due (the clock's monotonic time), or
+        None: a replay engine wakes for it as vLLM's engine is woken."""
+        return self.prefetch.next_due() if self.prefetch is not None else None
 
     def has_requests(self) -> bool:
         if super().has_requests():  # type: ignore[misc]
             return True
         # Report work while a pin is due so an idle engine, woken by the
-        # ExpiryWaker, runs the step that releases it.
-        return self.pins.is_due()
+        # ExpiryWaker, runs the step that releases it (or starts a prefetch).
+        return self.pins.is_due() or (self.prefetch is not None and self.prefetch.is_due())
 
     def _load_tokenizer(self) -> Any:
         tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
@@ -526,10 +567,14 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
         return self.pins.release_expired()
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        if self.prefetch is not None:
+            self.prefetch.cancel_all()
         self.pins.release_all("reset")
         return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
 
     def shutdown(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.cancel_all()
         self.pins.release_all("shutdown")
         self.decider.close()
         self._waker.close()

@@ -30,6 +30,9 @@ An :class:`Arm` names a scheduling policy and how the KV pool is sized:
   runs unchanged, the asynchronous copies are simulated
   (``offload.SimulatedNativeOffloadWorker``);
 * ``continuum-native-offload`` -- the same under the Continuum scheduler;
+* ``continuum-native-prefetch`` -- that with ``prefetch`` on: a job's
+  context is loaded back from the host tier before its tool is predicted
+  back (``vllm_continuum_plugin.prefetch``);
 * ``fcfs-capK`` (any K >= 1, e.g. ``fcfs-cap16``) -- plain admission: the
   stock scheduler behind a fixed cap of K sessions in flight (the rest wait
   first come, first served, and the wait counts in their JCT), as a client
@@ -104,6 +107,8 @@ ARMS: dict[str, Arm] = {
     "offload-victim": Arm("offload-victim", "fcfs", offload="plugin", store_mode="victim"),
     "native-offload": Arm("native-offload", "fcfs", offload="native"),
     "continuum-native-offload": Arm("continuum-native-offload", "continuum", offload="native"),
+    "continuum-native-prefetch": Arm("continuum-native-prefetch", "continuum", offload="native",
+                                     continuum=(("prefetch", True),)),
     "oracle": Arm("oracle", "fcfs", unbounded_pool=True),
 }
 

@@ -465,6 +465,13 @@ class ReplayEngine:
             self._admit_capped()
             if not self._live:
                 nxt = self._next_event_s(waiting=False)
+                due = self._prefetch_due_s()
+                if due is not None and (nxt is None or due < nxt):
+                    # vLLM's engine is woken for a due prefetch (the plugin's
+                    # EngineWaker): a step that runs no model starts it.
+                    self._advance_to(max(self.now(), due))
+                    self._idle_step(sched.schedule())
+                    continue
                 assert nxt is not None
                 self._advance_to(nxt)
                 continue
@@ -496,6 +503,9 @@ class ReplayEngine:
             self._report_copies(runner_output)
             self._collect(sched.update_from_output(output, runner_output))
         self.records.makespan_s = self.now()
+        prefetch = getattr(self.scheduler, "prefetch", None)
+        if prefetch is not None:
+            prefetch.cancel_all()  # the replay is over: no tool returns
         self._drain_pins()
         self._drain_copies()
         metrics = getattr(self.scheduler, "continuum_metrics", None)
@@ -504,9 +514,17 @@ class ReplayEngine:
                 "pins_created": metrics.pins_created,
                 "pins_released": dict(metrics.pins_released),
                 "pin_hit_tokens": metrics.pin_hit_tokens,
+                "prefetches": dict(metrics.prefetches),
             }
         self.records.wall_s = time.perf_counter() - wall0
         return self.records
+
+    def _prefetch_due_s(self) -> float | None:
+        """When the scheduler's next prefetch is due, on the run's clock
+        (None: none, or not a plugin scheduler)."""
+        due_at = getattr(self.scheduler, "prefetch_due_at", None)
+        due = due_at() if due_at is not None else None
+        return None if due is None else due - self._t0
 
     def _drain_pins(self) -> None:
         """Let every pin lapse (the clock moves past each deadline and a step
