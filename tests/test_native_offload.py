@@ -15,6 +15,7 @@ counter, bounded by ``wait_for``'s 120 s.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import requests
@@ -31,7 +32,10 @@ pytestmark = pytest.mark.e2e
 def server():
     if not os.path.isdir(DEFAULT_MODEL):
         pytest.fail(f"embedded model missing at {DEFAULT_MODEL}: run scripts/setup.sh")
-    args = [*serve_args("continuum", 48, 400_000_000, 1024), *native_offload_args(250_000_000)]
+    # Prefetch on (opt-in): the last test's agent gets its context back
+    # from vLLM's store before its tool returns.
+    args = [*serve_args("continuum", 48, 400_000_000, 1024, continuum={"prefetch": True}),
+            *native_offload_args(250_000_000)]
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
     with VLLMServer(DEFAULT_MODEL, args, served_name="smollm2", env=env) as srv:
         yield srv
@@ -79,6 +83,57 @@ def test_a_lapsed_pin_is_reloaded_from_vllms_offload_store_exactly(server):
     diff = max(abs(a["logprob"] - b["logprob"]) for a, b in zip(
         second["choices"][0]["logprobs"]["content"], cold["choices"][0]["logprobs"]["content"]))
     assert diff < 2e-2, diff
+    # Every pin ended, every block is free.
+    assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0)
+    assert wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") == 0)
+
+
+# The agent's tool: long enough that the GPU reset below comes well before
+# the prefetch is due (which is then this less twice a reload of ~400
+# tokens), short enough for a test.
+TOOL_S = 6.0
+
+
+def test_a_context_reset_from_the_gpu_is_prefetched_from_the_store_before_the_tool_returns(server):
+    messages = [{"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": filler("prefetch task", 300)}]
+    started0 = server.metric("vllm_continuum:prefetches_total", outcome="started")
+    loaded0 = server.metric("vllm_continuum:prefetches_total", outcome="loaded")
+    # Five turns that call the same tool, TOOL_S apart: the scope's measured
+    # times of the tool say when it is back. While the context stays on the
+    # GPU (its pin), a due plan loads nothing.
+    for k in range(5):
+        reply = post_chat(server, "prefetch-job", messages, last=False, tool_name="pytest")
+        messages += [{"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": filler(f"tool output {k}", 20)}]
+        if k < 4:
+            time.sleep(TOOL_S)
+    prompt5 = reply["usage"]["prompt_tokens"]
+    assert server.metric("vllm_continuum:prefetches_total", outcome="started") == started0
+    # The fifth tool runs: the GPU's prefix cache is reset (vLLM's store
+    # keeps the context; the plugin lets its pins go first) ...
+    r = requests.post(server.url + "/reset_prefix_cache", timeout=60)
+    assert r.status_code == 200, r.text
+    external0 = server.metric("vllm:external_prefix_cache_hits_total")
+    # ... and the plugin loads the context back before the tool is due
+    # (no race: the turn is sent only once the load is reported).
+    assert wait_for(lambda: server.metric("vllm_continuum:prefetches_total", outcome="loaded") >= loaded0 + 1)
+    assert server.metric("vllm_continuum:prefetches_total", outcome="started") == started0 + 1
+    prefetched = server.metric("vllm:external_prefix_cache_hits_total") - external0
+
+    nxt = post_chat(server, "prefetch-job", messages, last=True, logprobs=True)
+    # The turn's prefix was on the GPU: a local hit over the fifth turn's
+    # context, nothing more loaded for it than the prefetch loaded.
+    assert nxt["usage"]["prompt_tokens_details"]["cached_tokens"] >= (prompt5 // 32 - 1) * 32
+    assert server.metric("vllm:external_prefix_cache_hits_total") - external0 == prefetched
+
+    # The prefetched KV is exact: the same request recomputed cold.
+    r = requests.post(server.url + "/reset_prefix_cache", params={"reset_external": "true"}, timeout=60)
+    assert r.status_code == 200, r.text
+    cold = post_chat(server, "reference-2", messages, last=True, logprobs=True)
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    tokens = lambda r: [t["token"] for t in r["choices"][0]["logprobs"]["content"]]  # noqa: E731
+    assert tokens(nxt) == tokens(cold)
     # Every pin ended, every block is free.
     assert wait_for(lambda: server.metric("vllm_continuum:pinned_blocks") == 0)
     assert wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") == 0)

@@ -241,7 +241,7 @@ class Prefetcher:
         self._drop(job_id)
         plan = self._inflight_plan
         if plan is not None and plan.job_id == job_id:
-            self._abort_inflight()
+            self.drop_in_flight()
 
     def on_arrival(self, job_id: str) -> None:
         """The job's next turn arrived: its plan is moot; a load in flight
@@ -253,7 +253,7 @@ class Prefetcher:
         for job_id in list(self._plans):
             self._drop(job_id)
         self._due.clear()
-        self._abort_inflight()
+        self.drop_in_flight()
 
     def next_due(self) -> float | None:
         """When the earliest plan is due (monotonic), or None."""
@@ -382,7 +382,9 @@ class Prefetcher:
     def _finish(self, request: Request) -> None:
         self._sched.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
 
-    def _abort_inflight(self) -> None:
+    def drop_in_flight(self) -> None:
+        """Abort the prefetch whose load is in flight, if any (its plan is
+        spent): vLLM frees its blocks when the load is reported."""
         request = self._inflight
         if request is None:
             return

@@ -568,7 +568,10 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
         if self.prefetch is not None:
-            self.prefetch.cancel_all()
+            # The plans stay: the host tier may still hold their contexts
+            # (a reset of the GPU's prefix cache alone), which is when a
+            # prefetch is what brings them back.
+            self.prefetch.drop_in_flight()
         self.pins.release_all("reset")
         return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
 

@@ -1,4 +1,4 @@
-"""Wake an idle EngineCore when a pin's TTL runs out.
+"""Wake an idle EngineCore when a pin's TTL runs out (or a prefetch is due).
 
 vLLM's EngineCore blocks on its input queue while the scheduler reports no
 work, so a pin created by the last request before a lull would never expire
