@@ -552,7 +552,13 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
             return True
         # Report work while a pin is due so an idle engine, woken by the
         # ExpiryWaker, runs the step that releases it (or starts a prefetch).
-        return self.pins.is_due() or (self.prefetch is not None and self.prefetch.is_due())
+        if self.pins.is_due() or (self.prefetch is not None and self.prefetch.is_due()):
+            return True
+        # Idle with nothing due: the waker sleeps until what is next (its
+        # last deadline may have passed with nothing left to do, e.g. a pin
+        # a cache reset released, while a later prefetch still waits).
+        self._waker.set_deadline(self._next_wakeup())
+        return False
 
     def _load_tokenizer(self) -> Any:
         tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
