@@ -229,8 +229,10 @@ def ttft_section(prof: str, rate: float, oracle: dict[str, Any] | None,
         plugin = next((p for p in pts if p["arm"] == PLUGIN_NATIVE_ARM), None)
         for p in pts:
             if p["arm"] == PREFETCH_ARM and plugin is not None:
+                within = "" if oracle is None else (
+                    f", {'within' if p['ttft_mean_s'] <= 2 * oracle['ttft_mean_s'] else 'above'} 2x the oracle's")
                 measured.append(f"at {tier} GiB mean TTFT {plugin['ttft_mean_s']:.2f} -> {p['ttft_mean_s']:.2f} s "
-                                f"(loads {plugin['load_wait_mean_s']:.2f} -> {p['load_wait_mean_s']:.2f} s), "
+                                f"(loads {plugin['load_wait_mean_s']:.2f} -> {p['load_wait_mean_s']:.2f} s{within}), "
                                 f"mean JCT {p['jct_mean_s'] / plugin['jct_mean_s'] - 1:+.1%}")
             load = p["load_wait_mean_s"]
             without = p["ttft_mean_s"] - load
