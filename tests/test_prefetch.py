@@ -155,6 +155,11 @@ def test_plans_are_bounded_in_bytes_and_go_when_the_turn_arrives() -> None:
     pf.on_arrival("b")
     assert set(pf._plans) == {"c"} and pf.plan_bytes == one
     assert not prefetcher(history, clock, max_bytes=one - 1).plan(request(1600), JobMetadata(job_id="j"), "t", 0.0)
+    # Plans that come and go leave the due-time heap bounded.
+    for i in range(500):
+        pf.plan(request(16, f"x{i}"), JobMetadata(job_id=f"x{i}"), "t", 0.0)
+        pf.on_arrival(f"x{i}")
+    assert len(pf._due) <= 2 * pf.plans + 64
     pf.cancel_all()
     assert pf.plans == 0 and pf.plan_bytes == 0 and pf.next_due() is None
 

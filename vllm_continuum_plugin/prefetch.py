@@ -3,9 +3,8 @@
 Under a KV connector with a host tier that the plugin does not drive (vLLM's
 native ``OffloadingConnector``, LMCache), a job's context that left the GPU
 while its tool ran is loaded back only when its next turn arrives: the turn
-waits in ``WAITING_FOR_REMOTE_KVS`` for the copy (0.17 s a load, on half
-the turns, on the Claude Code traces at 1 session/min on an H100 with
-Llama-3.1-8B and a 256 GiB tier; docs/capacity.md), on its critical path.
+waits in ``WAITING_FOR_REMOTE_KVS`` for the copy, on its critical path
+(docs/capacity.md, "Where the TTFT goes", splits it out).
 The plugin knows when the tool is likely back: the scope's measured tool
 times (the CDF the TTL rule reads).
 
@@ -14,8 +13,8 @@ called a tool finishes, it plans a prefetch of the job's context (the
 finished request's full blocks: their tokens and block hashes), due when the
 ``quantile`` of the tool's measured times, less twice the tier's measured
 reload time of that context, has passed. When a plan is due, no request
-waits for the GPU, and the pool keeps ``reserve`` of its blocks free after
-the load, it adds an internal request for that context to vLLM's waiting
+waits for the GPU or for a load of its own, and the pool keeps ``reserve``
+of its blocks free after the load, it adds an internal request for that context to vLLM's waiting
 queue -- the scheduler's own waiting loop and the connector's own lookup
 then allocate the blocks and start the asynchronous load, exactly as for a
 returning turn. When the load is reported, the request is finished before
@@ -30,8 +29,16 @@ A prefetch that loses its bet is cheap to drop: the turn that arrives
 before its plan is due cancels the plan; a plan that finds the context on
 the GPU (a pin, the prefix cache) or not in the tier is dropped without a
 request; a request whose load could not start in its step is finished at
-once (it holds no blocks); a pin of prefetched blocks that the turn never
-takes lapses or is released under pressure.
+once (it holds no blocks) and its plan tried again shortly; a pin of
+prefetched blocks that the turn never takes lapses or is released under
+pressure. A connector that loads synchronously, inside the forward pass
+(LMCache's default), would run the request: the first such answer turns
+prefetching off.
+
+Off by default (``prefetch``): where the GPU pool is full when contexts
+come back -- the Claude Code traces at 1 session/min on an H100 with
+Llama-3.1-8B -- a prefetch takes another job's place in the prefix cache,
+and that job reloads it in turn (docs/offload.md).
 
 Bounds: one prefetch in flight at a time (the host link is shared with
 returning turns); plans hold at most ``max_bytes`` of tokens and hashes
@@ -232,6 +239,11 @@ class Prefetcher:
         plan = self._plans.pop(job_id, None)
         if plan is not None:
             self._bytes -= plan.nbytes
+            if len(self._due) > 2 * len(self._plans) + 64:
+                # Entries of dropped plans are skipped when they reach the
+                # top; rebuilt here, the heap stays within twice the plans.
+                self._due = [(p.due_at, next(self._seq), key) for key, p in self._plans.items()]
+                heapq.heapify(self._due)
         return plan
 
     def cancel(self, job_id: str) -> None:
@@ -292,7 +304,8 @@ class Prefetcher:
 
     def start(self, *queues: Iterable[Request]) -> Request | None:
         """Before ``schedule()``, after :meth:`complete`: when a plan is due,
-        no request in ``waiting`` waits for the GPU and none is in flight,
+        no request in the waiting ``queues`` waits for the GPU or for a load
+        of its own, and no prefetch is in flight,
         add the prefetch request of the earliest due plan whose context the
         tier holds and the pool has room for; returns it."""
         now = self._clock.monotonic()
