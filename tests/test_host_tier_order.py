@@ -22,9 +22,9 @@ from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
-from benchmarks.sim.jobs import Segment, SimJob, SimTurn, stable_key
+from benchmarks.sim.jobs import SimJob
 from benchmarks.sim.profiles import write_config_dir
-from native_tier_rig import PROFILE, run_native_tier
+from native_tier_rig import PROFILE, agent, run_native_tier
 from vllm_continuum_plugin.host_tier_order import (
     MAX_MARKS,
     FinishedFirstLRUCachePolicy,
@@ -144,18 +144,6 @@ TIER_GIB = 3.0
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield write_config_dir(PROFILE, str(tmp_path_factory.mktemp("tier_order") / "model"))
-
-
-def agent(name: str, arrival: float, context: int, tools_s: tuple[float, ...]) -> SimJob:
-    """An agent whose turns are separated by ``tools_s``; its last turn ends it."""
-    history = [Segment(stable_key(name), context)]
-    turns = []
-    for k in range(len(tools_s) + 1):
-        prompt = tuple(history + [Segment(stable_key(name, k), 100)])
-        last = k == len(tools_s)
-        turns.append(SimTurn(prompt, 20, tools_s[k - 1] if k else 0.0, "" if last else "tool_use"))
-        history = list(prompt) + [Segment(stable_key(name, k, "reply"), 20)]
-    return SimJob(name, arrival, tuple(turns))
 
 
 def workload() -> list[SimJob]:

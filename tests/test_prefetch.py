@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.sim.jobs import Segment, SimJob, SimTurn, stable_key
+from benchmarks.sim.jobs import SimJob
 from benchmarks.sim.profiles import write_config_dir
-from native_tier_rig import PROFILE, run_native_tier
+from native_tier_rig import PROFILE, agent, run_native_tier
 from vllm_continuum_plugin.clock import ManualClock
 from vllm_continuum_plugin.estimators.ttl import ScopedToolHistory
 from vllm_continuum_plugin.metadata import JobMetadata
@@ -29,19 +29,6 @@ TOOL_S = 30.0
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield write_config_dir(PROFILE, str(tmp_path_factory.mktemp("prefetch") / "model"))
-
-
-def agent(name: str, arrival: float, context: int, tools_s: tuple[float, ...]) -> SimJob:
-    """An agent whose turns are separated by tool calls of ``tools_s``; its
-    last turn ends it."""
-    history = [Segment(stable_key(name), context)]
-    turns = []
-    for k in range(len(tools_s) + 1):
-        prompt = tuple(history + [Segment(stable_key(name, k), 100)])
-        last = k == len(tools_s)
-        turns.append(SimTurn(prompt, 20, tools_s[k - 1] if k else 0.0, "" if last else "tool_use"))
-        history = list(prompt) + [Segment(stable_key(name, k, "reply"), 20)]
-    return SimJob(name, arrival, tuple(turns))
 
 
 def workload() -> list[SimJob]:
