@@ -171,11 +171,11 @@ class ContinuumConfig:
     # the tier's measured reload time, has passed, while no request waits
     # and the pool keeps prefetch_reserve of its blocks free; the loaded
     # blocks are pinned for the job (until the tool's 90th percentile).
-    # Opt-in: on the Claude Code traces (H100 8B, 256 GiB tier, 1
-    # session/min) the GPU pool is full when contexts come back, so a
-    # prefetch takes another context's place; it cut mean TTFT on one draw
-    # of sessions and raised it on another, and raised mean JCT on both
-    # (docs/offload.md).
+    # Opt-in: on the Claude Code traces the GPU pool is full when contexts
+    # come back, so a prefetch takes another context's place: with a 256
+    # GiB tier (H100 8B, 1 session/min) it cut mean TTFT by a few percent
+    # and moved mean JCT by a few tenths of a percent either way, with a 64
+    # GiB tier it raised both (docs/capacity.md, docs/offload.md).
     prefetch: bool = False
     prefetch_quantile: float = ranged(0.5, Range(0.0, 1.0, lo_open=True, hi_open=True))
     # Bytes the plans may hold (a context's tokens as int32 and its block
