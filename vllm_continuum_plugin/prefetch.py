@@ -106,7 +106,6 @@ class PrefetchPlan:
     """A job's context to load back, and when."""
 
     job_id: str
-    scope: str
     tool_key: str
     rank: float  # the arrival the job's pins rank by (JobOrder)
     due_at: float  # monotonic: start the load from then
@@ -157,9 +156,11 @@ class Prefetcher:
         self._bytes = 0
         self._due: list[tuple[float, int, str]] = []  # (due_at, seq, job_id); stale entries skipped
         self._seq = itertools.count()
-        # The request whose load is in flight, and its plan.
+        # The request whose load is in flight, and its plan; the plan whose
+        # request this step added (after_schedule sees whether it started).
         self._inflight: Request | None = None
         self._inflight_plan: PrefetchPlan | None = None
+        self._starting: PrefetchPlan | None = None
         # Prefetch requests not yet freed (in flight, finished, or aborted
         # while their load runs: vLLM frees those when it is reported).
         self._ids: set[str] = set()
@@ -216,14 +217,13 @@ class Prefetcher:
         n_blocks = min(len(hashes), request.num_tokens // block_size)
         if n_blocks == 0:
             return False
-        scope = meta.scope or DEFAULT_SCOPE
-        when = self._when(scope, tool_key, n_blocks * block_size)
+        when = self._when(meta.scope or DEFAULT_SCOPE, tool_key, n_blocks * block_size)
         if when is None:
             return False
         start, give_up, lead = when
         now = self._clock.monotonic()
         tokens = array("i", request.all_token_ids[: n_blocks * block_size])
-        plan = PrefetchPlan(job_id, scope, tool_key, rank, now + start, now + give_up, lead, tokens,
+        plan = PrefetchPlan(job_id, tool_key, rank, now + start, now + give_up, lead, tokens,
                             hashes[:n_blocks], meta)
         if plan.nbytes > self.max_bytes:
             return False
@@ -246,6 +246,11 @@ class Prefetcher:
                 heapq.heapify(self._due)
         return plan
 
+    def _retry(self, plan: PrefetchPlan, now: float) -> None:
+        """``plan`` is due again RETRY_S from ``now``."""
+        plan.due_at = now + RETRY_S
+        heapq.heappush(self._due, (plan.due_at, next(self._seq), plan.job_id))
+
     def cancel(self, job_id: str) -> None:
         """The job's plan goes (its next turn arrived, it ended, it was
         forgotten); a load in flight for it is aborted unless the job's turn
@@ -262,8 +267,8 @@ class Prefetcher:
 
     def cancel_all(self) -> None:
         """Nothing will return (a replay is over, the engine stops)."""
-        for job_id in list(self._plans):
-            self._drop(job_id)
+        self._plans.clear()
+        self._bytes = 0
         self._due.clear()
         self.drop_in_flight()
 
@@ -305,9 +310,9 @@ class Prefetcher:
     def start(self, *queues: Iterable[Request]) -> Request | None:
         """Before ``schedule()``, after :meth:`complete`: when a plan is due,
         no request in the waiting ``queues`` waits for the GPU or for a load
-        of its own, and no prefetch is in flight,
-        add the prefetch request of the earliest due plan whose context the
-        tier holds and the pool has room for; returns it."""
+        of its own, and no prefetch is in flight, add the prefetch request of
+        the earliest due plan whose context the tier holds and the pool has
+        room for; returns it."""
         now = self._clock.monotonic()
         due = self.next_due()
         if due is None or due > now:
@@ -332,9 +337,7 @@ class Prefetcher:
         idle engine moves on: a due plan never blocks a wake-up loop)."""
         while (due := self.next_due()) is not None and due <= now:
             _, _, job_id = heapq.heappop(self._due)
-            plan = self._plans[job_id]
-            plan.due_at = now + RETRY_S
-            heapq.heappush(self._due, (plan.due_at, next(self._seq), job_id))
+            self._retry(self._plans[job_id], now)
 
     def _try(self, plan: PrefetchPlan, now: float) -> Request | None:
         sched = self._sched
@@ -376,14 +379,14 @@ class Prefetcher:
             if not self.enabled:
                 self.cancel_all()
             elif verdict == "no room":  # the pool may have room later
-                plan.due_at = now + RETRY_S
-                heapq.heappush(self._due, (plan.due_at, next(self._seq), plan.job_id))
+                self._retry(plan, now)
             else:
                 self._drop(plan.job_id)
             logger.debug("continuum: prefetch of job %s not started: %s", plan.job_id, verdict)
             return None
         # The plan stays until the step has started the load (after_schedule).
         self._inflight, self._inflight_plan = request, plan
+        self._starting = plan
         logger.debug("continuum: prefetching %d tokens of job %s", missing, plan.job_id)
         return request
 
@@ -412,9 +415,10 @@ class Prefetcher:
         load (its plan is done), or it did not (the waiting loop found no
         room, budget or running slot for it): then it is finished -- it
         holds no blocks -- and its plan is tried again RETRY_S later."""
-        request, plan = self._inflight, self._inflight_plan
-        if request is None or plan is None or plan.job_id not in self._plans:
-            return  # nothing added in this step (an earlier load is in flight)
+        plan, self._starting = self._starting, None
+        request = self._inflight
+        if plan is None or request is None:
+            return  # nothing added in this step
         if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
             self._drop(plan.job_id)
             self._on_event("started", 1)
@@ -425,8 +429,7 @@ class Prefetcher:
                            request.request_id, request.status)
         self._inflight = self._inflight_plan = None
         self._finish(request)
-        plan.due_at = self._clock.monotonic() + RETRY_S
-        heapq.heappush(self._due, (plan.due_at, next(self._seq), plan.job_id))
+        self._retry(plan, self._clock.monotonic())
 
     def hold(self, waiting: Any) -> None:
         """Before ``schedule()``: the waiting turns of the job whose context

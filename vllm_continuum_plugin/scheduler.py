@@ -542,11 +542,6 @@ class ContinuumSchedulerMixin(FinishedTurnsMixin):
                              self.prefetch.next_due() if self.prefetch is not None else None) if t is not None]
         return min(times) if times else None
 
-    def prefetch_due_at(self) -> float | None:
-        """When the next prefetch is due (the clock's monotonic time), or
-        None: a replay engine wakes for it as vLLM's engine is woken."""
-        return self.prefetch.next_due() if self.prefetch is not None else None
-
     def has_requests(self) -> bool:
         if super().has_requests():  # type: ignore[misc]
             return True

@@ -522,8 +522,8 @@ class ReplayEngine:
     def _prefetch_due_s(self) -> float | None:
         """When the scheduler's next prefetch is due, on the run's clock
         (None: none, or not a plugin scheduler)."""
-        due_at = getattr(self.scheduler, "prefetch_due_at", None)
-        due = due_at() if due_at is not None else None
+        prefetch = getattr(self.scheduler, "prefetch", None)
+        due = prefetch.next_due() if prefetch is not None else None
         return None if due is None else due - self._t0
 
     def _drain_pins(self) -> None:
