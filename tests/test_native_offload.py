@@ -88,10 +88,12 @@ def test_a_lapsed_pin_is_reloaded_from_vllms_offload_store_exactly(server):
     assert wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") == 0)
 
 
-# The agent's tool: long enough that the GPU reset below comes well before
-# the prefetch is due (which is then this less twice a reload of ~400
-# tokens), short enough for a test.
-TOOL_S = 6.0
+# The agent's tool takes at least this long, and at least TOOL_TURNS times
+# the agent's first turn on this machine: the prefetch is due at the tool's
+# time less twice the reload of the context, priced as its prefill until a
+# load is measured, so the GPU reset below comes well before it on any CPU.
+MIN_TOOL_S = 6.0
+TOOL_TURNS = 8
 
 
 def test_a_context_reset_from_the_gpu_is_prefetched_from_the_store_before_the_tool_returns(server):
@@ -99,15 +101,19 @@ def test_a_context_reset_from_the_gpu_is_prefetched_from_the_store_before_the_to
                 {"role": "user", "content": filler("prefetch task", 300)}]
     started0 = server.metric("vllm_continuum:prefetches_total", outcome="started")
     loaded0 = server.metric("vllm_continuum:prefetches_total", outcome="loaded")
-    # Five turns that call the same tool, TOOL_S apart: the scope's measured
+    # Five turns that call the same tool, tool_s apart: the scope's measured
     # times of the tool say when it is back. While the context stays on the
     # GPU (its pin), a due plan loads nothing.
+    tool_s = MIN_TOOL_S
     for k in range(5):
+        t0 = time.monotonic()
         reply = post_chat(server, "prefetch-job", messages, last=False, tool_name="pytest")
+        if k == 0:
+            tool_s = max(MIN_TOOL_S, TOOL_TURNS * (time.monotonic() - t0))
         messages += [{"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
                      {"role": "user", "content": filler(f"tool output {k}", 20)}]
         if k < 4:
-            time.sleep(TOOL_S)
+            time.sleep(tool_s)
     prompt5 = reply["usage"]["prompt_tokens"]
     assert server.metric("vllm_continuum:prefetches_total", outcome="started") == started0
     # The fifth tool runs: the GPU's prefix cache is reset (vLLM's store
@@ -117,7 +123,8 @@ def test_a_context_reset_from_the_gpu_is_prefetched_from_the_store_before_the_to
     external0 = server.metric("vllm:external_prefix_cache_hits_total")
     # ... and the plugin loads the context back before the tool is due
     # (no race: the turn is sent only once the load is reported).
-    assert wait_for(lambda: server.metric("vllm_continuum:prefetches_total", outcome="loaded") >= loaded0 + 1)
+    assert wait_for(lambda: server.metric("vllm_continuum:prefetches_total", outcome="loaded") >= loaded0 + 1,
+                    timeout=tool_s + 120.0)
     assert server.metric("vllm_continuum:prefetches_total", outcome="started") == started0 + 1
     prefetched = server.metric("vllm:external_prefix_cache_hits_total") - external0
 
