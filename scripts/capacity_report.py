@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ttft_sims = {seed: seed_sims.get(seed) or SimPoints(["--step-model", args.step_model, "--seed", seed,
                                                           "--workers", "2"]) for seed in ttft_seeds}
     seed_found: dict[str, dict[str, tuple[list[float], dict[str, float | None]]]] = {}
+    ttft_readme: list[str] = []
 
     def point(out: str, argv: list[str], on: SimPoints = sims) -> list[dict[str, Any]]:
         return on.point(os.path.join(args.out, out), argv)
@@ -330,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
                     by_seed[seed] = point(f"seed{seed}/{prof}-ttft-{check_tier}g", [
                         *base, "--rate", f"{ttft_rate:g}", "--policies", ",".join(TTFT_CHECK_ARMS),
                         "--offload-gib", check_tier], ss)
-                lines += ttft_seed_section(prof, ttft_rate, check_tier, by_seed)
+                section, readme = ttft_seed_section(prof, ttft_rate, check_tier, by_seed)
+                lines += section
+                ttft_readme += readme
         if seed_sims and SEED_CHECK_TIER in tiers and prof in SEED_CHECK_RATES:
             checks = {}
             for seed, ss in seed_sims.items():
@@ -395,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme:
         rel = os.path.relpath(args.doc, os.path.dirname(os.path.abspath(args.readme)))
         replace_readme_block(args.readme, README_BEGIN, README_END, readme_body(capacities, slo, rel, stale_by_prof)
-                             + seed_check_readme(seed_found))
+                             + seed_check_readme(seed_found) + ttft_readme)
     return 0
 
 

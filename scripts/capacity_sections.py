@@ -282,14 +282,16 @@ TTFT_CHECK_ARMS = ("oracle", *NATIVE_ARMS, PREFETCH_ARM)
 
 
 def ttft_seed_section(prof: str, rate: float, tier: str,
-                      by_seed: dict[str, list[dict[str, Any]]]) -> list[str]:
+                      by_seed: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[str]]:
     """Mean TTFT of :data:`TTFT_CHECK_ARMS` at ``rate`` and ``tier`` GiB on
     each seed of ``by_seed`` (seed -> its points; seed 7's are the section
     above's), and over the seeds: within 2x the oracle's on each draw and
     on the mean, and the mean JCT against stock + native offloading's. One
     draw's mean TTFT can hinge on one burst where the sessions' contexts
     outgrow the pool (tens of seconds of queueing for a handful of turns),
-    so the verdict is the seeds' mean, with each draw shown."""
+    so the verdict is the seeds' mean, with each draw shown. Returns the
+    page's lines and README's line on it (both empty when no draw has
+    every arm)."""
     lines = [f"### Mean TTFT on other draws, {prof}, {tier} GiB, {rate:g} sessions/min", "",
              "The arms of the section above on other draws of sessions and arrivals (seeds of the same traces), "
              "each against its own oracle: one draw's mean TTFT can hinge on one burst in which the sessions' "
@@ -318,7 +320,7 @@ def ttft_seed_section(prof: str, rate: float, tier: str,
                      + " | ".join(f"{found[arm]['ttft_mean_s']:.3f}" for arm in TTFT_CHECK_ARMS[1:])
                      + f" | {rel:+.2%} |")
     if not seeds:
-        return []
+        return [], []
     mean = {arm: sum(v) / len(v) for arm, v in ttft.items()}
     mean_jct = {arm: sum(v) / len(v) for arm, v in jct.items()}
     bar = 2 * mean["oracle"]
@@ -335,7 +337,11 @@ def ttft_seed_section(prof: str, rate: float, tier: str,
                         f"{mean_jct['native-offload']:.1f} s ({d:+.2%})")
         lines.append(verdict + ".")
     lines.append("")
-    return lines
+    readme = ["", f"Mean TTFT under native offloading, {prof}, {tier} GiB, {rate:g} sessions/min, over seeds "
+              f"{', '.join(seeds)} (bar: 2x the oracle's {mean['oracle']:.2f} s = {bar:.2f} s): "
+              + ", ".join(f"{arm} {mean[arm]:.2f} s" for arm in TTFT_CHECK_ARMS[1:])
+              + f"; mean JCT of {PREFETCH_ARM} {rel:+.2%} against native-offload's."]
+    return lines, readme
 
 
 def _seed_capacity_cell(cap: float | None, rates: list[float]) -> str:

@@ -143,8 +143,12 @@ def test_the_ttft_bar_on_other_draws_is_judged_on_their_mean_and_each_draw_is_sh
                 arm("continuum-native-offload", plugin, jct[2]), arm("continuum-native-prefetch", prefetch, jct[3])]
 
     # Seed 7 misses 2x its oracle (one burst), seeds 8 and 9 are within theirs: the mean decides.
-    lines = sec.ttft_seed_section("h100-llama8b", 1.0, "256", {
+    lines, readme = sec.ttft_seed_section("h100-llama8b", 1.0, "256", {
         "7": draw(0.22, 1.6, 0.51, 0.49), "8": draw(0.21, 0.34, 0.26, 0.24), "9": draw(0.20, 0.5, 0.30, 0.28)})
+    assert readme[-1] == ("Mean TTFT under native offloading, h100-llama8b, 256 GiB, 1 sessions/min, over seeds "
+                          "7, 8, 9 (bar: 2x the oracle's 0.21 s = 0.42 s): native-offload 0.81 s, "
+                          "continuum-native-offload 0.36 s, continuum-native-prefetch 0.34 s; mean JCT of "
+                          "continuum-native-prefetch -0.20% against native-offload's.")
     text = "\n".join(lines)
     assert "| 7 | 0.220 | 0.440 | 1.600 | 0.510 | 0.490 | -0.20% |" in text  # prefetch JCT vs stock + native
     assert "| mean of 3 | 0.210 | 0.420 | 0.813 | 0.357 | 0.337 | -0.20% |" in text
@@ -154,10 +158,10 @@ def test_the_ttft_bar_on_other_draws_is_judged_on_their_mean_and_each_draw_is_sh
     assert any(v.startswith("- `native-offload`: mean TTFT 0.813 s over seeds 7, 8, 9, above 2x") for v in lines)
     assert not any(v.startswith("- `native-offload`") and "mean JCT" in v for v in lines)  # not against itself
     # A draw that lacks an arm (an interrupted run) says nothing about the bar; none at all: no section.
-    lines = sec.ttft_seed_section("h100-llama8b", 1.0, "256", {"7": draw(0.22, 1.6, 0.51, 0.49),
-                                                               "8": draw(0.21, 0.34, 0.26, 0.24)[:3]})
+    lines, _ = sec.ttft_seed_section("h100-llama8b", 1.0, "256", {"7": draw(0.22, 1.6, 0.51, 0.49),
+                                                                  "8": draw(0.21, 0.34, 0.26, 0.24)[:3]})
     assert "| mean of 1 | 0.220 | 0.440 |" in "\n".join(lines)
-    assert sec.ttft_seed_section("h100-llama8b", 1.0, "256", {"8": []}) == []
+    assert sec.ttft_seed_section("h100-llama8b", 1.0, "256", {"8": []}) == ([], [])
 
 
 def test_the_verdict_says_what_bounds_the_plugins_ratio_over_stock_native_offloading():
