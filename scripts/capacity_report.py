@@ -93,6 +93,11 @@ DEFAULT_TTFT_RATE = {"h100-llama8b": 1.0, "h100-llama70b-tp4": 0.5}
 # per GPU, at DEFAULT_TTFT_RATE). On 70B TP4 seed 7 is within 2x the
 # oracle's by a factor of 2.4 at both tiers.
 TTFT_CHECK = {"h100-llama8b": "256"}
+# Host tiers (GiB) at which the plugin with prefetch (PREFETCH_ARM) is swept
+# for its capacity: a 256 GiB tier is where prefetch is meant to run (at 64
+# GiB the pool is full when contexts return and a prefetch displaces
+# another's; docs/offload.md).
+PREFETCH_TIERS = ("256",)
 
 
 # README.md's block this script owns (the summary of the page it writes).
@@ -251,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
                            *point(f"{prof}-offload-{t}g-plugin-native", [
                                *base, "--sweep-rate", rate_union(rates, fine.get(t, "")), "--policies",
                                PLUGIN_NATIVE_ARM, *tier])]
+            if t in PREFETCH_TIERS:
+                per_tier[t] += point(f"{prof}-offload-{t}g-prefetch", [
+                    *base, "--sweep-rate", rate_union(rates, fine.get(t, "")), "--policies", PREFETCH_ARM, *tier])
             if t in fine:
                 per_tier[t] += superseded(point(f"{prof}-offload-{t}g-fine", [
                     *base, "--sweep-rate", fine[t], "--policies", ",".join((*OFFLOAD_ARMS, VICTIM_ARM)), *tier]))
@@ -286,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
                     *base, "--rate", f"{bar:g}", "--policies", PLUGIN_NATIVE_ARM, "--offload-gib", t])
                 got += point(f"{prof}-offload-{t}g-{suffix}-evicted", [
                     *base, "--rate", f"{bar:g}", "--policies", ",".join(EVICTED_ARMS), "--offload-gib", t])
+                if t in PREFETCH_TIERS:
+                    got += point(f"{prof}-offload-{t}g-{suffix}-prefetch", [
+                        *base, "--rate", f"{bar:g}", "--policies", PREFETCH_ARM, "--offload-gib", t])
                 if t in STATIC_CUT_TIERS:
                     got += relabel_static_cut(point(f"{prof}-static-cut-{t}g-{suffix}", [
                         *base, "--rate", f"{bar:g}", "--policies", ",".join(STATIC_CUT_ARMS), "--offload-gib", t,
@@ -378,9 +389,12 @@ def main(argv: list[str] | None = None) -> int:
                     + ("none" if ours is None else f"{ours:g}/min") + ".")
             bar = bar_rate(stock) if stock else None
             for arm, who in (("continuum-native-offload", "the plugin + native offloading"),
+                             (PREFETCH_ARM, "the plugin with prefetch + native offloading"),
                              (VICTIM_ARM, "the plugin + its connector storing what leaves a pin"),
                              ("continuum-offload-victim", "the plugin + its connector storing what the GPU evicts"),
                              ("offload-victim", "stock vLLM + the plugin's connector storing what the GPU evicts")):
+                if f"{arm} ({t} GiB)" not in caps_by_arm:
+                    continue  # not run at this tier (prefetch: PREFETCH_TIERS only)
                 verdict = offload_verdict(caps_by_arm.get(f"{arm} ({t} GiB)"), stock, caps_by_arm.get(oracle_arm),
                                           rates_run(per_tier[t]), oracle_rates, oracle_name)
                 at_bar = shares.get(f"{arm} ({t} GiB)", {}).get(bar)

@@ -125,8 +125,9 @@ def bar_rate(stock: float) -> float:
 
 def reference_arm(arm: str) -> str:
     """What an arm's capacity is compared with: stock vLLM with native
-    offloading at the same host tier for an offload arm, stock vLLM else."""
-    if "offload" in arm and "(" in arm:
+    offloading at the same host tier for an offload arm (prefetch runs
+    under native offloading), stock vLLM else."""
+    if ("offload" in arm or arm.startswith(PREFETCH_ARM)) and "(" in arm:
         return "native-offload " + arm[arm.index("("):]
     return "fcfs"
 

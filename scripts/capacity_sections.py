@@ -75,7 +75,7 @@ def profile_section(
     series: dict[str, dict[float, dict[str, Any]]] = {a: arm_series(pts, a)
                                                       for a in (*BASE_ARMS, static_cut("oracle"))}
     for t, tp in per_tier.items():
-        for a in (*OFFLOAD_ARMS, static_cut("native-offload"), VICTIM_ARM, *EVICTED_ARMS):
+        for a in (*OFFLOAD_ARMS, PREFETCH_ARM, static_cut("native-offload"), VICTIM_ARM, *EVICTED_ARMS):
             series[f"{a} ({t} GiB)"] = arm_series(tp, a)
     # Plain admission at its best cap, per rate.
     best_cap: dict[float, dict[str, Any]] = {}
@@ -93,7 +93,7 @@ def profile_section(
              *(["fcfs-cap (best)"] if best_cap else []),
              "continuum",
              *[f"{a} ({t} GiB)" for t in tiers
-               for a in ("continuum-native-offload", "continuum-offload", VICTIM_ARM, *EVICTED_ARMS)
+               for a in ("continuum-native-offload", PREFETCH_ARM, "continuum-offload", VICTIM_ARM, *EVICTED_ARMS)
                if series[f"{a} ({t} GiB)"]],
              "oracle", *([static_cut("oracle")] if series[static_cut("oracle")] else [])]
     shares = {arm: {r: attainment(p, solo, slo) for r, p in series[arm].items()} for arm in order}

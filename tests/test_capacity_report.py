@@ -48,6 +48,7 @@ def test_capacity_is_the_largest_rate_sustained_with_every_lower_rate_sustained(
 def test_offload_arms_compare_with_stock_native_offloading_at_their_tier():
     assert cs.reference_arm("continuum-native-offload (64 GiB)") == "native-offload (64 GiB)"
     assert cs.reference_arm("continuum-offload (256 GiB)") == "native-offload (256 GiB)"
+    assert cs.reference_arm("continuum-native-prefetch (256 GiB)") == "native-offload (256 GiB)"  # runs under it
     assert cs.reference_arm("continuum") == "fcfs"
     assert cs.reference_arm("fcfs-cap (best)") == "fcfs"
 
