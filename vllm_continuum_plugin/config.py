@@ -175,7 +175,9 @@ class ContinuumConfig:
     # come back, so a prefetch takes another context's place: with a 256
     # GiB tier (H100 8B, 1 session/min) it cut mean TTFT by a few percent
     # and moved mean JCT by a few tenths of a percent either way, with a 64
-    # GiB tier it raised both (docs/capacity.md, docs/offload.md).
+    # GiB tier it raised both; swept for capacity at 256 GiB it served no
+    # more sessions per minute on 8B and fewer on 70B TP4 (docs/capacity.md,
+    # docs/offload.md).
     prefetch: bool = False
     prefetch_quantile: float = ranged(0.5, Range(0.0, 1.0, lo_open=True, hi_open=True))
     # Bytes the plans may hold (a context's tokens as int32 and its block
