@@ -105,6 +105,17 @@ README_BEGIN = "<!-- capacity-report: written by scripts/capacity_report.py -->"
 README_END = "<!-- /capacity-report -->"
 
 
+def other_seeds(flag: str, spec: str) -> list[str]:
+    """The seeds of a check flag (comma-separated; '' : none): each a
+    non-negative integer other than 7, the seed every other point runs on;
+    a bad one is an error that names the flag and the value."""
+    seeds = [x.strip() for x in spec.split(",") if x.strip()]
+    for seed in seeds:
+        if not seed.isdigit() or seed == "7":
+            raise SystemExit(f"{flag}: {seed!r} is not a seed other than 7 (a non-negative integer)")
+    return seeds
+
+
 def fine_rates(spec: str, prof: str, tiers: list[str]) -> dict[str, str]:
     """Host tier (GiB) -> its finer rates, for the tiers swept: ``spec`` as
     ``--fine-rates`` takes it (``"64=0.3,0.4;256=0.75"``, ``"none"``), or
@@ -171,20 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     slo = Slo(args.ttft_slo, args.jct_slo, args.attainment)
     profiles = [p for p in args.profiles.split(",") if p]
     tiers = [t for t in args.tiers.split(",") if t]
-    check_seeds = [x.strip() for x in args.check_seeds.split(",") if x.strip()]
-    for seed in check_seeds:
-        if not seed.isdigit() or seed == "7":
-            raise SystemExit(f"--check-seeds: {seed!r} is not a seed other than 7 (a non-negative integer)")
-    sims, *checked = [SimPoints(["--step-model", args.step_model, "--seed", seed, "--workers", "2"])
-                      for seed in ("7", *check_seeds)]
-    seed_sims = dict(zip(check_seeds, checked))
-    ttft_seeds = [x.strip() for x in args.ttft_check_seeds.split(",") if x.strip()]
-    for seed in ttft_seeds:
-        if not seed.isdigit() or seed == "7":
-            raise SystemExit(f"--ttft-check-seeds: {seed!r} is not a seed other than 7 (a non-negative integer)")
-    # Seeds the capacity check already runs share its SimPoints (one list of commands each).
-    ttft_sims = {seed: seed_sims.get(seed) or SimPoints(["--step-model", args.step_model, "--seed", seed,
-                                                          "--workers", "2"]) for seed in ttft_seeds}
+    check_seeds = other_seeds("--check-seeds", args.check_seeds)
+    ttft_seeds = other_seeds("--ttft-check-seeds", args.ttft_check_seeds)
+    def on_seed(seed: str) -> SimPoints:
+        return SimPoints(["--step-model", args.step_model, "--seed", seed, "--workers", "2"])
+
+    sims = on_seed("7")
+    # One SimPoints per other seed (its commands listed once), shared by both checks.
+    other_sims = {seed: on_seed(seed) for seed in dict.fromkeys([*check_seeds, *ttft_seeds])}
+    seed_sims = {seed: other_sims[seed] for seed in check_seeds}
+    ttft_sims = {seed: other_sims[seed] for seed in ttft_seeds}
     seed_found: dict[str, dict[str, tuple[list[float], dict[str, float | None]]]] = {}
     ttft_readme: list[str] = []
 
@@ -405,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                                 + ("" if oracle_at is None else f" ({oracle_arm}: {oracle_at:.0%})"))
                 summary.append(f"  - {who} against stock + native offloading at {t} GiB: {verdict}.")
     lines += ["## Summary", "", *summary, "", "![SLO attainment against arrival rate](capacity.png)", ""]
-    for ss in {id(ss): ss for ss in [*seed_sims.values(), *ttft_sims.values()]}.values():
+    for ss in other_sims.values():
         sims.commands += ss.commands
     sims.write(args.doc, lines, "capacity_report")
     _plot(plots, slo, args.plot)
