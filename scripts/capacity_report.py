@@ -34,7 +34,9 @@ offloading (``continuum-native-offload``); the plugin + its own connector
 leaves a pin or a SLOW turn, so the host tier holds what the GPU pool no
 longer does, where vLLM's native offloading and the connector's default
 store a copy of every block as it is computed); plain admission at its best
-fixed cap per rate (``fcfs-capK``); the oracle (a pool that never evicts).
+fixed cap per rate (``fcfs-capK``); the plugin with prefetch
+(``continuum-native-prefetch``, at ``PREFETCH_TIERS``); the oracle (a pool
+that never evicts).
 The offload arms run once per host tier (``--tiers``, GiB per GPU): 64 GiB
 overflows at the higher rates, 256 GiB is what docs/retention.md measured.
 Where the offload arms' capacities fall between two rates of the sweep,
@@ -44,7 +46,9 @@ they and the oracle run at that rate too (``{profile}-offload-{tier}g-bar``),
 so whether any policy can reach 1.5x is measured, not inferred. The
 headline offload arms also run on other draws of sessions and arrivals
 (``--check-seeds``, at ``SEED_CHECK_TIER`` GiB), so a capacity ratio is
-shown to hold on other sessions, or not.
+shown to hold on other sessions, or not; and the TTFT split's arms run on
+other draws at the tier ``TTFT_CHECK`` names (``--ttft-check-seeds``), the
+TTFT bar judged on the draws' mean.
 
 The arms and the scoring live in ``scripts/capacity_scoring.py``, the
 page's sections in ``scripts/capacity_sections.py``; this script runs the
