@@ -17,7 +17,11 @@ of those as a client profile over the same arrivals:
   ``aiperf``'s shortfall is the session end it never sends;
 * ``no-header`` and ``aiperf-no-header``: ``headers-only``'s and
   ``aiperf``'s requests with no session id at all (implicit jobs), in points
-  of their own.
+  of their own;
+* on workloads with sub-agents, at the high load and every seed, the signal
+  profiles (``scripts/clients_signals.py``): ``headers-only``'s requests with
+  the session end, sub-agents' own session ids, or both added -- which of
+  the signals it does not send its shortfall to ``tagged`` comes from.
 
 For each GPU profile (H100 + Llama-3.1-8B; 4x H100 + Llama-3.1-70B, TP4) and
 each workload (the shipped Claude Code trace subset with its sub-agents and a
@@ -61,6 +65,7 @@ from dataclasses import dataclass
 from statistics import fmean
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts.clients_signals import SIGNAL_PROFILES, signal_lines  # noqa: E402
 from scripts.sim_report import SimPoints, replace_readme_block  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +91,8 @@ CAPS = "fcfs-cap8,fcfs-cap12,fcfs-cap16,fcfs-cap24"
 CAP_CLIENTS = ("aiperf", "reasoning")
 CAP_ORDER = ("tagged", *CAP_CLIENTS)  # the caps' rows, by whose prompts they ran over
 PROMPTS_OF = {"headers-only": "tagged", "no-header": "tagged",
-              LAST_STEP_PROFILE: "aiperf", "aiperf-no-header": "aiperf"}
+              LAST_STEP_PROFILE: "aiperf", "aiperf-no-header": "aiperf",
+              **{signal: "tagged" for signal in SIGNAL_PROFILES}}
 PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
 # The seed of every point's arrivals, and the workloads whose high loads run
 # again at the other seeds: the trace subset has 50 sessions, and there a TTL
@@ -488,6 +494,13 @@ def main() -> int:
         "were), a chat starts at its first answer; an untagged request that continues nothing passes the",
         "admission gate as a newcomer. They run on the same arrivals, in points of their own.",
         "",
+        "On the traces (sub-agents), `headers-last`, `headers-own` and `headers-last-own` replay",
+        "`headers-only`'s requests with one signal it lacks added: `is_last_step: true` on each",
+        "conversation's last request (a batch harness knows its end; a chat user's session has none),",
+        "each sub-agent under a session id of its own instead of its parent's, or both. They run",
+        "Continuum only, at every seed; their gap shares are taken against the tagged client's FCFS and",
+        "oracle, which read no metadata and replay the same prompts.",
+        "",
     ]
     for wl in WORKLOADS:
         if wl.key not in wanted:
@@ -510,6 +523,10 @@ def main() -> int:
             nh_low = point(f"{wl.key}-{prof}-low-no-header", [*low_argv, *no_header])
             seeded: dict[int, list[dict]] = {SEEDS[0]: pts}
             seeded_caps: dict[int, list[dict]] = {}
+            signals: dict[int, list[dict]] = {}
+            if "--subagents" in wl.argv:
+                signal_argv = [*high_argv, "--policies", "continuum", "--client", ",".join(SIGNAL_PROFILES)]
+                signals[SEEDS[0]] = point(f"{wl.key}-{prof}-high-signals", signal_argv)
             if wl.key in SEEDED_WORKLOADS:
                 for seed in SEEDS[1:]:
                     common = seed_common(args.step_model, seed)
@@ -525,6 +542,9 @@ def main() -> int:
                         seeded[seed] += sims.point(
                             os.path.join(args.out, f"{wl.key}-{prof}-high-no-header-seed{seed}"),
                             [*high_argv, *no_header], common)
+                    if signals:
+                        signals[seed] = sims.point(os.path.join(args.out, f"{wl.key}-{prof}-high-signals-seed{seed}"),
+                                                   signal_argv, common)
                 if seeded_caps:
                     seeded[SEEDS[0]] = [*pts, *nh_pts]
                     seeded_caps[SEEDS[0]] = caps
@@ -545,6 +565,11 @@ def main() -> int:
                     + ("; the caps and the no-header profiles ran at every seed too." if seeded_caps else
                        "; the caps and the no-header profiles ran at the first seed only."), "",
                     *seed_lines(seeded, seeded_caps or None, spread=wl.key == "spread"), ""]),
+                *([] if not signals else [
+                    f"### What `headers-only` does not send (seeds {', '.join(str(seed) for seed in signals)})", "",
+                    "Continuum's gap closed under `headers-only`'s requests with the signals it lacks added",
+                    "(against the tagged client's FCFS and oracle at each seed):", "",
+                    *signal_lines({seed: [*seeded.get(seed, pts), *signals[seed]] for seed in signals}), ""]),
                 f"### Low load: {low:g} sessions/min"
                 + (f", the first {wl.low_sessions} sessions" if wl.low_sessions else ""), "",
                 *client_table(low_pts, []), "",

@@ -108,6 +108,13 @@ def test_metadata_tagged_sends_every_flag_others_only_a_session() -> None:
     assert request_metadata(last_step, "j", False, "ls") == (None, "j")
     assert request_metadata(last_step, "j", True, "") == ({"is_last_step": True}, "j")
     assert request_metadata(last_step, "s/agent_001", True, "", "s") == ({"is_last_step": True}, "s/agent_001")
+    # headers-only's requests with one signal added: the session end, sub-agents' own ids, both.
+    assert request_metadata(CLIENTS["headers-last"], "j", False, "ls") == (None, "j")
+    assert request_metadata(CLIENTS["headers-last"], "s/agent_001", True, "", "s") == ({"is_last_step": True}, "s")
+    assert request_metadata(CLIENTS["headers-own"], "s/agent_001", True, "", "s") == (None, "s/agent_001")
+    assert request_metadata(CLIENTS["headers-last-own"], "s/agent_001", True, "", "s") == (
+        {"is_last_step": True}, "s/agent_001")
+    assert request_metadata(CLIENTS["headers-last-own"], "s/agent_001", False, "ls", "s") == (None, "s/agent_001")
     # The no-header profiles: nothing at all, not even on a sub-agent or a last turn.
     for name in ("no-header", "aiperf-no-header"):
         assert request_metadata(CLIENTS[name], "j", True, "") == (None, None)
@@ -256,7 +263,9 @@ def test_every_profile_replays_to_the_end(name: str, model_dir: str, text: Reply
     if client.replies == "calls":
         keys = {c.tool_key for c in calls if c is not None}
         assert keys and keys <= {tool_key_for_command(t.tool_command) for j in raw for t in j.turns if t.tool}
-        assert sum(c is None for c in calls) == len(jobs)  # each job's final answer
+        # Each job's final answer is read as no call, unless the client flags
+        # it is_last_step: the job then ends without its reply being read.
+        assert sum(c is None for c in calls) == (0 if client.metadata == "session-last" else len(jobs))
     if client.retention != "none":  # every request's directives reached the plugin, its holds all ended
         assert records.counters["metrics"].retention["accepted"] == len(records.turns)
     fcfs, _, _ = _run("fcfs", jobs, model_dir, client)
@@ -476,6 +485,39 @@ def test_clients_report_says_what_the_session_end_is_worth_to_aiperf() -> None:
     passes = report.last_step_lines(pts, flagged, caps)[-1]
     assert "closes `aiperf`'s 20.0-point shortfall to `tagged` and passes it by 10.0 points" in passes  # 70% against 60%
     assert "recovers" not in passes
+
+
+@pytest.mark.unit
+def test_clients_report_says_which_missing_signal_costs_what() -> None:
+    report = _clients_report()
+    from scripts.clients_signals import signal_lines
+
+    def seed(fcfs: float, oracle: float, continuum: dict[str, float]) -> list[dict]:
+        # Only the tagged client's FCFS and oracle: the signal profiles send its prompts.
+        return [{"client": "tagged", "arm": "fcfs", "jct_mean_s": fcfs},
+                {"client": "tagged", "arm": "oracle", "jct_mean_s": oracle},
+                *({"client": c, "arm": "continuum", "jct_mean_s": j} for c, j in continuum.items())]
+
+    # Gap shares: seed 7 (FCFS 200, oracle 100): tagged 60%, headers-only 40%,
+    # headers-last 45%, headers-own 55%, both 65%; seed 8 (300 -> 100) the same
+    # shares. headers-only is 20 points short; the own ids recover 75% of it.
+    shares = {"tagged": 0.6, "headers-only": 0.4, "headers-last": 0.45, "headers-own": 0.55, "headers-last-own": 0.65}
+    lines = signal_lines({8: seed(300.0, 100.0, {c: 300.0 - g * 200.0 for c, g in shares.items()}),
+                          7: seed(200.0, 100.0, {c: 200.0 - g * 100.0 for c, g in shares.items()})})
+    assert lines[0] == "| client | seed 7 | seed 8 | mean gap closed |"
+    assert lines[2] == "| headers-only | +40.0% | +40.0% | +40.0% |"
+    assert lines[6] == "| tagged | +60.0% | +60.0% | +60.0% |"
+    assert "`headers-only` trails `tagged` by 20.0 points on the mean." in lines
+    assert "- `headers-last`: +45.0%, 15.0 points behind `tagged`; 25% of `headers-only`'s shortfall recovered." in lines
+    assert "- `headers-own`: +55.0%, 5.0 points behind `tagged`; 75% of `headers-only`'s shortfall recovered." in lines
+    assert "- `headers-last-own`: +65.0%, 5.0 points ahead of `tagged`; 125% of `headers-only`'s shortfall recovered." \
+        in lines
+    # A seed without one of the profiles is an error naming it, not a silent row.
+    partial = seed(200.0, 100.0, {c: 150.0 for c in shares if c != "headers-own"})
+    with pytest.raises(ValueError, match="seed 9: no point for headers-own continuum"):
+        signal_lines({9: partial})
+    # The signal profiles are compared with the caps over the tagged client's prompts.
+    assert all(report.PROMPTS_OF[c] == "tagged" for c in ("headers-last", "headers-own", "headers-last-own"))
 
 
 @pytest.mark.unit

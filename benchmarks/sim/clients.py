@@ -61,7 +61,13 @@ exact, scripted), ``headers-only`` (session, exact, calls), ``aiperf``
 flagged: session-last, aiperf, prose, sub-agents own -- it tells what AIPerf's missing
 session end costs, since prose replies never say a session is over),
 ``no-header`` (none, exact, calls) and ``aiperf-no-header`` (none, aiperf,
-prose): the same clients without any session id.
+prose): the same clients without any session id. Three more tell which of
+the signals ``headers-only`` lacks costs what: ``headers-last`` (its
+requests with ``is_last_step: true`` on each conversation's last: session-last,
+exact, calls -- what a batch harness that knows its end can add),
+``headers-own`` (its requests with each sub-agent under a session id of its
+own: session, exact, calls, sub-agents own -- what a router or proxy that
+tells sub-agents apart could send) and ``headers-last-own`` (both).
 
 The profiles change only what a job's turns send; arrivals, turn counts,
 token counts of new content and tool times are the same under every
@@ -154,6 +160,9 @@ CLIENTS: dict[str, ClientProfile] = {
     "aiperf-last-step": ClientProfile("aiperf-last-step", "session-last", "aiperf", "prose", sub_agents="own"),
     "no-header": ClientProfile("no-header", "none", "exact", "calls"),
     "aiperf-no-header": ClientProfile("aiperf-no-header", "none", "aiperf", "prose"),
+    "headers-last": ClientProfile("headers-last", "session-last", "exact", "calls"),
+    "headers-own": ClientProfile("headers-own", "session", "exact", "calls", sub_agents="own"),
+    "headers-last-own": ClientProfile("headers-last-own", "session-last", "exact", "calls", sub_agents="own"),
 }
 TAGGED = CLIENTS["tagged"]
 

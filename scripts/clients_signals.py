@@ -1,0 +1,78 @@
+"""What each signal ``headers-only`` does not send is worth: a section of
+docs/retention_clients.md (``scripts/clients_report.py``).
+
+``headers-only`` sends a session id and nothing else; ``tagged`` sends a job
+id per conversation (a sub-agent's its own), ``is_last_step`` on every
+request and the tool name. The signal profiles (``benchmarks/sim/clients.py``)
+replay ``headers-only``'s requests with one of the missing signals added:
+
+* ``headers-last``: ``is_last_step: true`` on each conversation's last
+  request (the session end; a batch harness knows it, a chat user does not);
+* ``headers-own``: each sub-agent under a session id of its own instead of
+  its parent's (Claude Code sends the parent's);
+* ``headers-last-own``: both.
+
+Their prompts are ``headers-only``'s, which are the tagged client's, and
+FCFS and the oracle read no metadata, so every profile's gap share here is
+taken against the tagged client's FCFS and oracle at the same seed: the
+signal profiles run Continuum only.
+"""
+
+from __future__ import annotations
+
+from statistics import fmean
+
+__all__ = ["SIGNAL_PROFILES", "signal_lines"]
+
+SIGNAL_PROFILES = ("headers-last", "headers-own", "headers-last-own")
+# The rows of the section's table, in order: what is sent, then less to more.
+_ROWS = ("headers-only", *SIGNAL_PROFILES, "tagged")
+
+
+def _gap(point: dict, fcfs_s: float, oracle_s: float) -> float:
+    """``point``'s share of the FCFS -> oracle mean-JCT gap."""
+    if fcfs_s <= oracle_s:
+        raise ValueError(f"FCFS's mean JCT {fcfs_s:.1f} s is not above the oracle's {oracle_s:.1f} s: no gap to share")
+    return (fcfs_s - point["jct_mean_s"]) / (fcfs_s - oracle_s)
+
+
+def signal_lines(by_seed: dict[int, list[dict]]) -> list[str]:
+    """The table (one row per profile of ``headers-only``, the signal
+    profiles and ``tagged``; Continuum's gap share at each seed of
+    ``by_seed`` and its mean), then a line per signal profile: its mean gap
+    share's distance to ``tagged``'s and the share of ``headers-only``'s
+    shortfall to ``tagged`` it recovers, each stated with its figures.
+
+    ``by_seed``: seed -> the points there, holding the tagged client's FCFS,
+    Continuum and oracle and Continuum under every profile of the table.
+    A missing point is an error naming it."""
+    if not by_seed:
+        raise ValueError("signal_lines needs the points of at least one seed")
+    seeds = sorted(by_seed)
+    gaps: dict[str, list[float]] = {client: [] for client in _ROWS}
+    for seed in seeds:
+        by = {(p["client"], p["arm"]): p for p in by_seed[seed]}
+        missing = [key for key in [("tagged", "fcfs"), ("tagged", "oracle"), *((c, "continuum") for c in _ROWS)]
+                   if key not in by]
+        if missing:
+            raise ValueError(f"seed {seed}: no point for {', '.join(f'{c} {a}' for c, a in missing)}")
+        fcfs_s, oracle_s = by[("tagged", "fcfs")]["jct_mean_s"], by[("tagged", "oracle")]["jct_mean_s"]
+        for client in _ROWS:
+            gaps[client].append(_gap(by[(client, "continuum")], fcfs_s, oracle_s))
+    rows = ["| client | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean gap closed |",
+            "|---|" + "---:|" * (len(seeds) + 1)]
+    for client in _ROWS:
+        rows.append(f"| {client} | " + " | ".join(f"{g:+.1%}" for g in gaps[client])
+                    + f" | {fmean(gaps[client]):+.1%} |")
+    tagged, plain = fmean(gaps["tagged"]), fmean(gaps["headers-only"])
+    shortfall = tagged - plain
+    lines = ["", f"`headers-only` trails `tagged` by {shortfall * 100:.1f} points on the mean."]
+    for client in SIGNAL_PROFILES:
+        mean = fmean(gaps[client])
+        behind = tagged - mean
+        text = (f"- `{client}`: {mean:+.1%}, " + (f"{behind * 100:.1f} points behind `tagged`" if behind > 0 else
+                                                  f"{-behind * 100:.1f} points ahead of `tagged`"))
+        if shortfall > 0:
+            text += f"; {(mean - plain) / shortfall:.0%} of `headers-only`'s shortfall recovered"
+        lines.append(text + ".")
+    return [*rows, *lines]
