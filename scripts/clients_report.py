@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from statistics import fmean
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.clients_signals import SIGNAL_PROFILES, signal_lines  # noqa: E402
+from scripts.clients_signals import SIGNAL_PROFILES, signal_lines, signal_summary  # noqa: E402
 from scripts.sim_report import SimPoints, replace_readme_block  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -268,10 +268,11 @@ def summary_row(title: str, points: list[dict], caps: list[dict], last_points: l
     return f"| {title} | {by[('tagged', 'fcfs')]['hit_share']:.0%} | " + " | ".join(cells) + " |"
 
 
-def write_readme_block(readme: str, rows: list[str], doc: str, seed_rows: list[str] = ()) -> None:
+def write_readme_block(readme: str, rows: list[str], doc: str, seed_rows: list[str] = (),
+                       signal_rows: list[str] = ()) -> None:
     """Replace README's block between the markers with ``rows``' table,
     then ``seed_rows`` (the mean gap shares over the seeds, where points ran
-    at several)."""
+    at several) and ``signal_rows`` (the signal profiles' mean gap shares)."""
     rel = os.path.relpath(doc, os.path.dirname(os.path.abspath(readme)))
     replace_readme_block(readme, README_BEGIN, README_END, [
         "Simulated (vLLM's real scheduler on a virtual clock, roofline step model), at the high load of",
@@ -293,6 +294,11 @@ def write_readme_block(readme: str, rows: list[str], doc: str, seed_rows: list[s
         *([] if not seed_rows else [
             "", f"Mean gap closed over arrival seeds {', '.join(str(seed) for seed in SEEDS)} (the table's seed is the first):",
             "", *seed_rows]),
+        *([] if not signal_rows else [
+            "", "Which signal `headers-only` lacks costs what on the traces: its requests with `is_last_step: true`",
+            "on each conversation's last (`headers-last`), with each sub-agent under a session id of its own",
+            "(`headers-own`), with both (`headers-last-own`); mean gap closed over the same seeds:",
+            "", *signal_rows]),
     ])
 
 
@@ -444,6 +450,7 @@ def main() -> int:
     sims = SimPoints(seed_common(args.step_model, SEEDS[0]))
     summary: list[str] = []
     seed_summary_rows: list[str] = []
+    signal_summary_rows: list[str] = []
 
     def point(out: str, argv: list[str]) -> list[dict]:
         return sims.point(os.path.join(args.out, out), argv)
@@ -550,6 +557,9 @@ def main() -> int:
                     seeded_caps[SEEDS[0]] = caps
                 seed_summary_rows.append(seed_summary(f"{wl.key}, {prof}, {high:g}", seeded))
             summary.append(summary_row(f"{wl.key}, {prof}, {high:g}", pts, caps, last_pts, nh_pts))
+            signal_seeds = {seed: [*seeded.get(seed, pts), *signals[seed]] for seed in signals}
+            if signal_seeds:
+                signal_summary_rows.append(signal_summary(f"{wl.key}, {prof}, {high:g}", signal_seeds))
             lines += [
                 f"## {wl.title}, {prof}, {high:g} sessions/min", "",
                 *client_table(pts, caps), "",
@@ -569,7 +579,7 @@ def main() -> int:
                     f"### What `headers-only` does not send (seeds {', '.join(str(seed) for seed in signals)})", "",
                     "Continuum's gap closed under `headers-only`'s requests with the signals it lacks added",
                     "(against the tagged client's FCFS and oracle at each seed):", "",
-                    *signal_lines({seed: [*seeded.get(seed, pts), *signals[seed]] for seed in signals}), ""]),
+                    *signal_lines(signal_seeds), ""]),
                 f"### Low load: {low:g} sessions/min"
                 + (f", the first {wl.low_sessions} sessions" if wl.low_sessions else ""), "",
                 *client_table(low_pts, []), "",
@@ -583,7 +593,7 @@ def main() -> int:
             ]
     sims.write(args.doc, lines, "clients_report")
     if args.readme:
-        write_readme_block(args.readme, summary, args.doc, seed_summary_rows)
+        write_readme_block(args.readme, summary, args.doc, seed_summary_rows, signal_summary_rows)
     return 0
 
 

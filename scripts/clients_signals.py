@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from statistics import fmean
 
-__all__ = ["SIGNAL_PROFILES", "signal_lines"]
+__all__ = ["SIGNAL_PROFILES", "signal_lines", "signal_summary"]
 
 SIGNAL_PROFILES = ("headers-last", "headers-own", "headers-last-own")
 # The rows of the section's table, in order: what is sent, then less to more.
@@ -36,6 +36,38 @@ def _gap(point: dict, fcfs_s: float, oracle_s: float) -> float:
     return (fcfs_s - point["jct_mean_s"]) / (fcfs_s - oracle_s)
 
 
+def _versus(gap: float, tagged: float) -> str:
+    """``gap`` against ``tagged``'s, in points."""
+    if gap < tagged:
+        return f"{(tagged - gap) * 100:.1f} points behind `tagged`"
+    return f"{(gap - tagged) * 100:.1f} points ahead of `tagged`"
+
+
+def _seed_gaps(by_seed: dict[int, list[dict]]) -> dict[str, list[float]]:
+    """Per profile of the table (``_ROWS``), Continuum's gap share at each
+    seed of ``by_seed`` in seed order; a missing point is an error naming it."""
+    if not by_seed:
+        raise ValueError("the signal profiles' section needs the points of at least one seed")
+    gaps: dict[str, list[float]] = {client: [] for client in _ROWS}
+    for seed in sorted(by_seed):
+        by = {(p["client"], p["arm"]): p for p in by_seed[seed]}
+        missing = [key for key in [("tagged", "fcfs"), ("tagged", "oracle"), *((c, "continuum") for c in _ROWS)]
+                   if key not in by]
+        if missing:
+            raise ValueError(f"seed {seed}: no point for {', '.join(f'{c} {a}' for c, a in missing)}")
+        fcfs_s, oracle_s = by[("tagged", "fcfs")]["jct_mean_s"], by[("tagged", "oracle")]["jct_mean_s"]
+        for client in _ROWS:
+            gaps[client].append(_gap(by[(client, "continuum")], fcfs_s, oracle_s))
+    return gaps
+
+
+def signal_summary(title: str, by_seed: dict[int, list[dict]]) -> str:
+    """README's line for a workload's signal profiles: each profile's mean
+    gap share over the seeds of ``by_seed``."""
+    means = ", ".join(f"{client} {fmean(g):+.0%}" for client, g in _seed_gaps(by_seed).items())
+    return f"- {title}: {means}"
+
+
 def signal_lines(by_seed: dict[int, list[dict]]) -> list[str]:
     """The table (one row per profile of ``headers-only``, the signal
     profiles and ``tagged``; Continuum's gap share at each seed of
@@ -46,19 +78,8 @@ def signal_lines(by_seed: dict[int, list[dict]]) -> list[str]:
     ``by_seed``: seed -> the points there, holding the tagged client's FCFS,
     Continuum and oracle and Continuum under every profile of the table.
     A missing point is an error naming it."""
-    if not by_seed:
-        raise ValueError("signal_lines needs the points of at least one seed")
     seeds = sorted(by_seed)
-    gaps: dict[str, list[float]] = {client: [] for client in _ROWS}
-    for seed in seeds:
-        by = {(p["client"], p["arm"]): p for p in by_seed[seed]}
-        missing = [key for key in [("tagged", "fcfs"), ("tagged", "oracle"), *((c, "continuum") for c in _ROWS)]
-                   if key not in by]
-        if missing:
-            raise ValueError(f"seed {seed}: no point for {', '.join(f'{c} {a}' for c, a in missing)}")
-        fcfs_s, oracle_s = by[("tagged", "fcfs")]["jct_mean_s"], by[("tagged", "oracle")]["jct_mean_s"]
-        for client in _ROWS:
-            gaps[client].append(_gap(by[(client, "continuum")], fcfs_s, oracle_s))
+    gaps = _seed_gaps(by_seed)
     rows = ["| client | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean gap closed |",
             "|---|" + "---:|" * (len(seeds) + 1)]
     for client in _ROWS:
@@ -66,13 +87,14 @@ def signal_lines(by_seed: dict[int, list[dict]]) -> list[str]:
                     + f" | {fmean(gaps[client]):+.1%} |")
     tagged, plain = fmean(gaps["tagged"]), fmean(gaps["headers-only"])
     shortfall = tagged - plain
-    lines = ["", f"`headers-only` trails `tagged` by {shortfall * 100:.1f} points on the mean."]
+    lines = ["", f"`headers-only`: {_versus(plain, tagged)} on the mean."]
     for client in SIGNAL_PROFILES:
         mean = fmean(gaps[client])
-        behind = tagged - mean
-        text = (f"- `{client}`: {mean:+.1%}, " + (f"{behind * 100:.1f} points behind `tagged`" if behind > 0 else
-                                                  f"{-behind * 100:.1f} points ahead of `tagged`"))
-        if shortfall > 0:
-            text += f"; {(mean - plain) / shortfall:.0%} of `headers-only`'s shortfall recovered"
+        text = f"- `{client}`: {mean:+.1%}, {_versus(mean, tagged)}"
+        gained = mean - plain
+        if shortfall > 0 and gained >= shortfall:  # a share over 100% would read as a typo
+            text += f"; it closes `headers-only`'s {shortfall * 100:.1f}-point shortfall"
+        elif shortfall > 0:
+            text += f"; {gained / shortfall:.0%} of `headers-only`'s {shortfall * 100:.1f}-point shortfall recovered"
         lines.append(text + ".")
     return [*rows, *lines]

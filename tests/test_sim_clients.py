@@ -507,11 +507,21 @@ def test_clients_report_says_which_missing_signal_costs_what() -> None:
     assert lines[0] == "| client | seed 7 | seed 8 | mean gap closed |"
     assert lines[2] == "| headers-only | +40.0% | +40.0% | +40.0% |"
     assert lines[6] == "| tagged | +60.0% | +60.0% | +60.0% |"
-    assert "`headers-only` trails `tagged` by 20.0 points on the mean." in lines
-    assert "- `headers-last`: +45.0%, 15.0 points behind `tagged`; 25% of `headers-only`'s shortfall recovered." in lines
-    assert "- `headers-own`: +55.0%, 5.0 points behind `tagged`; 75% of `headers-only`'s shortfall recovered." in lines
-    assert "- `headers-last-own`: +65.0%, 5.0 points ahead of `tagged`; 125% of `headers-only`'s shortfall recovered." \
+    assert "`headers-only`: 20.0 points behind `tagged` on the mean." in lines
+    assert ("- `headers-last`: +45.0%, 15.0 points behind `tagged`; 25% of `headers-only`'s 20.0-point shortfall "
+            "recovered.") in lines
+    assert ("- `headers-own`: +55.0%, 5.0 points behind `tagged`; 75% of `headers-only`'s 20.0-point shortfall "
+            "recovered.") in lines
+    # More than the shortfall: said so, not as a share over 100%.
+    assert "- `headers-last-own`: +65.0%, 5.0 points ahead of `tagged`; it closes `headers-only`'s 20.0-point shortfall." \
         in lines
+    # headers-only ahead of tagged (no shortfall): no share is claimed.
+    ahead = signal_lines({7: seed(200.0, 100.0, {**{c: 200.0 - g * 100.0 for c, g in shares.items()}, "tagged": 170.0})})
+    assert "`headers-only`: 10.0 points ahead of `tagged` on the mean." in ahead
+    assert not any("shortfall" in line for line in ahead)
+    from scripts.clients_signals import signal_summary
+    assert signal_summary("trace, x, 1", {7: seed(200.0, 100.0, {c: 200.0 - g * 100.0 for c, g in shares.items()})}) == (
+        "- trace, x, 1: headers-only +40%, headers-last +45%, headers-own +55%, headers-last-own +65%, tagged +60%")
     # A seed without one of the profiles is an error naming it, not a silent row.
     partial = seed(200.0, 100.0, {c: 150.0 for c in shares if c != "headers-own"})
     with pytest.raises(ValueError, match="seed 9: no point for headers-own continuum"):
