@@ -531,8 +531,8 @@ def main() -> int:
             seeded: dict[int, list[dict]] = {SEEDS[0]: pts}
             seeded_caps: dict[int, list[dict]] = {}
             signals: dict[int, list[dict]] = {}
+            signal_argv = [*high_argv, "--policies", "continuum", "--client", ",".join(SIGNAL_PROFILES)]
             if "--subagents" in wl.argv:
-                signal_argv = [*high_argv, "--policies", "continuum", "--client", ",".join(SIGNAL_PROFILES)]
                 signals[SEEDS[0]] = point(f"{wl.key}-{prof}-high-signals", signal_argv)
             if wl.key in SEEDED_WORKLOADS:
                 for seed in SEEDS[1:]:
@@ -557,7 +557,7 @@ def main() -> int:
                     seeded_caps[SEEDS[0]] = caps
                 seed_summary_rows.append(seed_summary(f"{wl.key}, {prof}, {high:g}", seeded))
             summary.append(summary_row(f"{wl.key}, {prof}, {high:g}", pts, caps, last_pts, nh_pts))
-            signal_seeds = {seed: [*seeded.get(seed, pts), *signals[seed]] for seed in signals}
+            signal_seeds = {seed: [*seeded[seed], *signals[seed]] for seed in signals}
             if signal_seeds:
                 signal_summary_rows.append(signal_summary(f"{wl.key}, {prof}, {high:g}", signal_seeds))
             lines += [

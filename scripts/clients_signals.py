@@ -22,18 +22,13 @@ from __future__ import annotations
 
 from statistics import fmean
 
+from benchmarks.stats import gap_closed
+
 __all__ = ["SIGNAL_PROFILES", "signal_lines", "signal_summary"]
 
 SIGNAL_PROFILES = ("headers-last", "headers-own", "headers-last-own")
 # The rows of the section's table, in order: what is sent, then less to more.
 _ROWS = ("headers-only", *SIGNAL_PROFILES, "tagged")
-
-
-def _gap(point: dict, fcfs_s: float, oracle_s: float) -> float:
-    """``point``'s share of the FCFS -> oracle mean-JCT gap."""
-    if fcfs_s <= oracle_s:
-        raise ValueError(f"FCFS's mean JCT {fcfs_s:.1f} s is not above the oracle's {oracle_s:.1f} s: no gap to share")
-    return (fcfs_s - point["jct_mean_s"]) / (fcfs_s - oracle_s)
 
 
 def _versus(gap: float, tagged: float) -> str:
@@ -57,7 +52,7 @@ def _seed_gaps(by_seed: dict[int, list[dict]]) -> dict[str, list[float]]:
             raise ValueError(f"seed {seed}: no point for {', '.join(f'{c} {a}' for c, a in missing)}")
         fcfs_s, oracle_s = by[("tagged", "fcfs")]["jct_mean_s"], by[("tagged", "oracle")]["jct_mean_s"]
         for client in _ROWS:
-            gaps[client].append(_gap(by[(client, "continuum")], fcfs_s, oracle_s))
+            gaps[client].append(gap_closed(by[(client, "continuum")]["jct_mean_s"], fcfs_s, oracle_s))
     return gaps
 
 
