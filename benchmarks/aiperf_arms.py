@@ -13,8 +13,16 @@ live:
 * ``<policy>-claude-header`` -- the session id sent as Claude Code sends it
   (``X-Claude-Code-Session-Id``, one of the plugin's ``session_headers``)
   instead of vLLM's ``X-Session-ID``;
-* ``<policy>-no-header`` -- no session id at all: the plugin sees
-  untagged traffic and has only implicit jobs (prefix matching) to go on;
+* ``<policy>-affinity`` -- AIPerf's own headers only (no
+  ``--session-header``): the session id in ``X-Correlation-ID`` and, by
+  AIPerf 0.13's default, ``X-Session-Affinity`` (one of the plugin's
+  ``session_headers``): what a user who runs AIPerf with no session flag
+  sends;
+* ``<policy>-no-header`` -- no session id at all (AIPerf's
+  ``X-Session-Affinity`` turned off, ``AIPERF_HTTP_X_SESSION_AFFINITY_FROM_
+  CORRELATION_ID=false``; its ``X-Correlation-ID`` is not read): the plugin
+  sees untagged traffic and has only implicit jobs (prefix matching) to go
+  on;
 * ``native-offload`` / ``continuum-native-offload`` -- vLLM's own CPU
   offloading under the stock / Continuum scheduler;
 * ``continuum-offload-explicit`` -- Continuum with the plugin's connector as
@@ -58,8 +66,13 @@ class LiveArm:
     continuum: Mapping[str, Any] = field(default_factory=dict)
     # The pool never evicts (the oracle): room for every session's peak.
     unbounded_pool: bool = False
-    # The header AIPerf names each session in; None: no session id at all.
+    # The header AIPerf names each session in (``--session-header``); None:
+    # the flag is not passed.
     session_header: str | None = SESSION_HEADER
+    # AIPerf's own ``X-Session-Affinity`` header (on by default in 0.13, the
+    # session's id whatever ``--session-header`` says): off only where the
+    # arm sends no session id at all.
+    affinity_header: bool = True
     # vLLM's own CPU offloading (its OffloadingConnector, as vLLM documents
     # it) under this arm, with a host tier of the run's ``--host-tier``
     # share of the sessions' peak working set.
@@ -67,6 +80,13 @@ class LiveArm:
     # The plugin's ContinuumOffloadConnector under this arm, in this
     # ``store_mode`` ("" -- none), with the same host tier.
     plugin_offload: str = ""
+
+    @property
+    def session_source(self) -> str:
+        """How the arm names a session, for the run's log and results."""
+        if self.session_header:
+            return self.session_header
+        return "X-Session-Affinity (AIPerf's default)" if self.affinity_header else "none"
 
     @property
     def host_tier(self) -> bool:
@@ -86,7 +106,8 @@ def _named() -> dict[str, LiveArm]:
     arms["offload-victim"] = LiveArm("offload-victim", "fcfs", plugin_offload="victim")
     for p in POLICIES:
         arms[f"{p}-claude-header"] = LiveArm(f"{p}-claude-header", p, session_header=CLAUDE_CODE_HEADER)
-        arms[f"{p}-no-header"] = LiveArm(f"{p}-no-header", p, session_header=None)
+        arms[f"{p}-affinity"] = LiveArm(f"{p}-affinity", p, session_header=None)
+        arms[f"{p}-no-header"] = LiveArm(f"{p}-no-header", p, session_header=None, affinity_header=False)
     return arms
 
 

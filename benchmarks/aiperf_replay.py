@@ -205,13 +205,16 @@ def gpu_command(trace_dir: str, sessions: int, model: str = "MODEL", url: str = 
     ])
 
 
-def aiperf_env() -> dict[str, str]:
+def aiperf_env(affinity_header: bool = True) -> dict[str, str]:
     """AIPerf's environment: online mode (with ``HF_HUB_OFFLINE`` set AIPerf
     0.13 resolves even a local tokenizer directory in the hub cache and
     fails), its dataset cache off (it keys on the tokenizer *path* and could
     serve a stale tokenisation of a rebuilt model), and sub-agent chain
-    splitting off (the scaled traces hold one main chain each)."""
+    splitting off (the scaled traces hold one main chain each).
+    ``affinity_header`` False: AIPerf does not send its default
+    ``X-Session-Affinity`` (the session id, which the plugin reads)."""
     env = dict(os.environ)
+    env["AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID"] = "true" if affinity_header else "false"
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         env.pop(k, None)
     env["AIPERF_DATASET_MMAP_CACHE_ENABLED"] = "false"
@@ -329,16 +332,17 @@ def _count_lines(path: str) -> int:
 
 
 def run_aiperf(cmd: Sequence[str], log_path: str, timeout_s: float, report_s: float = 30.0,
-               records_path: str | None = None, expected: int | None = None) -> int:
+               records_path: str | None = None, expected: int | None = None,
+               affinity_header: bool = True) -> int:
     """Run AIPerf in its own process group (stopped by its PID on timeout or
     interrupt), its output to ``log_path``; progress every ``report_s``
     (requests recorded so far: AIPerf appends to ``records_path`` as they
-    finish)."""
+    finish). ``affinity_header``: see :func:`aiperf_env`."""
     import signal
 
     started = time.monotonic()
     with open(log_path, "w") as logf:
-        proc = subprocess.Popen(list(cmd), stdout=logf, stderr=subprocess.STDOUT, env=aiperf_env(),
+        proc = subprocess.Popen(list(cmd), stdout=logf, stderr=subprocess.STDOUT, env=aiperf_env(affinity_header),
                                 start_new_session=True)
     try:
         while True:
@@ -402,7 +406,7 @@ def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run
                         on_wait=lambda s, srv: log(f"  [{policy}] server starting {s:.0f}s: {srv.last_log_line()}"),
                         wait_report_s=20.0)
     log(f"[{policy}] starting vllm serve --scheduling-policy {arm.policy} (pool {arm_pool(arm, plan)} x "
-        f"{SERVER_BLOCK}-token blocks, session header {arm.session_header or 'none'}, "
+        f"{SERVER_BLOCK}-token blocks, session header {arm.session_source}, "
         f"max-model-len {plan.max_model_len}, {args.dtype})")
     try:
         server.start()
@@ -419,7 +423,7 @@ def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run
         t1 = time.monotonic()
         rc = run_aiperf(cmd, os.path.join(arm_dir, "aiperf.log"), args.arm_timeout,
                         records_path=os.path.join(arm_dir, "aiperf", "profile_export.jsonl"),
-                        expected=sum(plan.turns().values()))
+                        expected=sum(plan.turns().values()), affinity_header=arm.affinity_header)
         wall = time.monotonic() - t1
         after = server.metrics()
     finally:
@@ -440,7 +444,7 @@ def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run
     summary["incomplete_sessions"] = sorted(k for k, n in expected.items() if done.get(k, 0) < n)
     summary["aiperf_wall_s"] = wall
     summary["arm"] = {"policy": arm.policy, "continuum": dict(arm.continuum), "num_blocks": arm_pool(arm, plan),
-                      "session_header": arm.session_header,
+                      "session_header": arm.session_header, "affinity_header": arm.affinity_header,
                       "host_tier_blocks": host_tier_blocks(args, plan) if arm.host_tier else 0}
     summary["server_counters"] = counter_deltas(before, after)
     summary["requests_detail"] = request_rows(records)
@@ -608,7 +612,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for arm in arms:
             policy = arm.name
             print(f"{policy}: vllm serve {args.model} {shlex.join(server_args(args, arm, plan))}")
-            print("  " + shlex.join(aiperf_command(args.aiperf, url="http://127.0.0.1:PORT", model=args.served_name,
+            env = "" if arm.affinity_header else "AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID=false "
+            print("  " + env + shlex.join(aiperf_command(args.aiperf, url="http://127.0.0.1:PORT", model=args.served_name,
                                                    tokenizer=args.tokenizer or args.model, traces=traces,
                                                    sessions=len(plan.sessions),
                                                    out_dir=os.path.join(run_dir, policy, "aiperf"),

@@ -494,7 +494,7 @@ def main() -> int:
         "read it. The difference between the two rows is what the missing session end costs.",
         "",
         "`no-header` and `aiperf-no-header` send `headers-only`'s and `aiperf`'s requests without any",
-        "session id (AIPerf without `--session-header`, a client behind a proxy that drops headers): the",
+        "session id (AIPerf with its default `X-Session-Affinity` header off, a proxy dropping headers): the",
         "plugin has only the prompts to go by. An untagged turn is an implicit job's next turn when its",
         "prompt continues that turn's prompt by shared prefix (docs/clients.md); an answer continued so",
         "is a chat's, kept like a session's, and where the scope's answers are seen to come back (once 8",

@@ -291,6 +291,12 @@ def test_arms_name_the_policy_settings_pool_and_session_header():
     assert paper.policy == "continuum" and paper.continuum == {"ttl_policy": "cdf", "admission": False}
     assert oracle.policy == "fcfs" and oracle.unbounded_pool
     assert no_header.session_header is None and claude.session_header == "X-Claude-Code-Session-Id"
+    # No session id at all: AIPerf's own X-Session-Affinity (a plugin
+    # session header) is turned off; the affinity arm keeps it, no flag.
+    (affinity,) = parse_live_arms("continuum-affinity")
+    assert not no_header.affinity_header and affinity.affinity_header and affinity.session_header is None
+    assert all(a.affinity_header for a in (fcfs, paper, oracle, claude))
+    assert (no_header.session_source, affinity.session_source) == ("none", "X-Session-Affinity (AIPerf's default)")
     with pytest.raises(ValueError, match="'continum'"):
         parse_live_arms("fcfs,continum")
     # The server and AIPerf command each arm gets.
@@ -357,6 +363,8 @@ def test_aiperf_env_is_online_and_uncached(monkeypatch):
     env = ar.aiperf_env()
     assert "HF_HUB_OFFLINE" not in env
     assert env["AIPERF_DATASET_MMAP_CACHE_ENABLED"] == "false"
+    assert env["AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID"] == "true"
+    assert ar.aiperf_env(affinity_header=False)["AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID"] == "false"
 
 
 def test_server_keep_alive_outlasts_the_longest_think_time():

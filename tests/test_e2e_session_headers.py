@@ -4,7 +4,8 @@ A real ``vllm serve --scheduling-policy continuum`` (the embedded
 SmolLM2-135M-Instruct) gets Anthropic ``/v1/messages`` requests the way
 Claude Code 2.1.x sends them: no plugin field, the session in the
 ``X-Claude-Code-Session-Id`` header, or only in ``metadata.user_id`` (a JSON
-string), with a ``Bash`` tool offered as Claude Code offers its tools.
+string), with a ``Bash`` tool offered as Claude Code offers its tools; and
+with AIPerf's default ``X-Session-Affinity``.
 Replies carry no tool call, so without the session id these turns would be
 chat traffic and never pinned: a pin on the first turn and a hand-off to
 the second show that the session id became the job id. Two conversations
@@ -88,6 +89,14 @@ def two_turns_are_one_job(server, **session) -> None:
 
 def test_claude_code_session_header_makes_one_job(server):
     two_turns_are_one_job(server, headers={"X-Claude-Code-Session-Id": "3f1c2a9e-7d41-4b8e-9c55-0a6e2b1d4f10"})
+
+
+def test_aiperf_default_headers_make_one_job(server):
+    """AIPerf 0.13 without ``--session-header``: its correlation id in
+    ``X-Correlation-ID`` and ``X-Session-Affinity`` (a default session
+    header of the plugin)."""
+    conversation = "c0ffee00-1d3b-4e8f-9a7c-2b4d6e8f0a1c"
+    two_turns_are_one_job(server, headers={"X-Correlation-ID": conversation, "X-Session-Affinity": conversation})
 
 
 def test_claude_code_metadata_user_id_makes_one_job(server):

@@ -74,7 +74,8 @@ def messages_request(user_id: Any = None) -> ChatCompletionRequest:
 # ---------------------------------------------------------------- the setting
 
 def test_default_setting_lists_the_harness_headers_in_precedence_order():
-    assert ContinuumConfig().session_header_list == (CLAUDE, "x-opencode-session", "session_id", "conversation_id")
+    assert ContinuumConfig().session_header_list == (CLAUDE, "x-opencode-session", "session_id", "conversation_id",
+                                                     "X-Dynamo-Session-ID", "X-Session-Affinity")
     assert ContinuumConfig().session_headers == DEFAULT_SESSION_HEADERS
 
 
@@ -146,9 +147,10 @@ def test_a_bad_session_inside_user_id_is_refused_like_x_session_id(session):
 # ------------------------------------------------------------ precedence
 
 def test_headers_in_the_listed_order_then_user_id():
-    headers = {"session_id": "codex", "x-opencode-session": "opencode", CLAUDE: "claude", "conversation_id": "conv"}
+    headers = {"session_id": "codex", "x-opencode-session": "opencode", CLAUDE: "claude", "conversation_id": "conv",
+               "X-Session-Affinity": "affinity", "X-Dynamo-Session-ID": "dynamo"}
     names = parse_session_headers(DEFAULT_SESSION_HEADERS)
-    for expected in ("claude", "opencode", "codex", "conv"):
+    for expected in ("claude", "opencode", "codex", "conv", "dynamo", "affinity"):
         h = Headers(headers)
         assert client_session_id(h.get, names, claude_user_id()) == expected
         del headers[next(k for k, v in headers.items() if v == expected)]
@@ -167,6 +169,24 @@ def test_the_plugin_job_id_wins_and_leaves_vllm_behaviour_unchanged():
     assert session_of(chat_request(job_id="mine"), raw) is None
     raw = raw_request({"X-Session-ID": "kept", CLAUDE: UUID_A})
     assert session_of(chat_request(job_id="mine"), raw) == "kept"  # vLLM's own value, untouched
+
+
+def test_aiperf_without_a_session_header_flag_names_its_conversations():
+    """AIPerf 0.13 (``transports/base_transports.py``) sends each request
+    of a conversation its correlation id as ``X-Correlation-ID`` (renamed
+    by ``--session-header``) and, by default, as ``X-Session-Affinity``; a
+    replayed sub-agent is a conversation of its own with its own id (and,
+    with Dynamo's headers on, its parent's in ``X-Dynamo-Parent-Session-ID``).
+    The affinity key names the job; the correlation header alone (a tracing
+    id elsewhere) names none."""
+    parent, child = "5f0c6a2e-1d3b-4e8f-9a7c-2b4d6e8f0a1c", "5f0c6a2e-1d3b-4e8f-9a7c-2b4d6e8f0a1c::sa:a1b2"
+    assert session_of(chat_request(), raw_request({"X-Correlation-ID": parent, "X-Session-Affinity": parent})) == parent
+    child_headers = {"X-Correlation-ID": child, "X-Session-Affinity": child,
+                     "X-Dynamo-Session-ID": child, "X-Dynamo-Parent-Session-ID": parent}
+    assert session_of(chat_request(), raw_request(child_headers)) == child
+    assert session_of(chat_request(), raw_request({"X-Correlation-ID": parent})) is None
+    # --session-header X-Session-ID: vLLM's own header, the same value.
+    assert session_of(chat_request(), raw_request({"X-Session-ID": child, "X-Session-Affinity": child})) == child
 
 
 def test_two_harness_headers_at_once_the_first_listed_wins():

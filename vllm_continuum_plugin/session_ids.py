@@ -15,7 +15,19 @@ never fails a request):
    ``x-opencode-session`` (OpenCode), ``session_id`` then
    ``conversation_id`` (Codex CLI: ``build_conversation_headers`` in
    codex-rs/codex-api/src/requests/headers.rs sends ``session_id``; older
-   releases also sent ``conversation_id``);
+   releases also sent ``conversation_id``), then the load generators' and
+   routers' session keys: ``X-Dynamo-Session-ID`` (NVIDIA Dynamo's session
+   affinity key; AIPerf sends it when
+   ``AIPERF_HTTP_X_DYNAMO_SESSION_ID_FROM_CORRELATION_ID`` is set) and
+   ``X-Session-Affinity`` (AIPerf 0.13 sends it on
+   every request of a conversation by default, ``--session-header`` or
+   not: ``transports/base_transports.py``). AIPerf replays a trace's
+   sub-agent as a conversation of its own (``::sa:`` children), under its
+   own id in all three. A session key some router sets per *user* rather
+   than per conversation is safe too: a session's requests that continue
+   different conversations are told apart by prefix (``conversations``).
+   AIPerf's ``X-Correlation-ID`` is not read: elsewhere the name is a
+   per-request tracing id, which would make every request a job of its own;
 4. on ``/v1/messages``, the ``session_id`` inside Claude Code's
    ``metadata.user_id`` (a JSON *string*:
    ``'{"device_id": ..., "account_uuid": ..., "session_id": "<uuid>"}'``);
@@ -58,7 +70,8 @@ __all__ = [
     "session_from_user_id",
 ]
 
-DEFAULT_SESSION_HEADERS = "X-Claude-Code-Session-Id|x-opencode-session|session_id|conversation_id"
+DEFAULT_SESSION_HEADERS = ("X-Claude-Code-Session-Id|x-opencode-session|session_id|conversation_id"
+                           "|X-Dynamo-Session-ID|X-Session-Affinity")
 # Each listed header costs one lookup per request without a job id.
 MAX_SESSION_HEADERS = 16
 MAX_HEADER_NAME_CHARS = 64

@@ -17,7 +17,7 @@ A finished turn becomes exactly one of (:class:`TurnOutcomeKind`):
   still remembered (``registers_answer``): a later prompt that continues it
   starts an implicit chat, a job from then on -- or, where the scope's
   answers are seen to come back (``answers_return``: a chat client,
-  AIPerf's sessions without a header), it is that chat's first turn at once
+  AIPerf's sessions with no header the plugin reads), it is that chat's first turn at once
   (``starts_implicit_chat``, below).
 * ``END_JOB`` -- the job's last turn (the client's ``is_last_step``, a
   finish action, a final answer) or a turn that did not finish normally

@@ -19,8 +19,10 @@ three axes:
   per-turn body field (AIPerf knows it, ``is_final_turn``, and its trace
   datasets' per-turn ``extra`` merges such a field into the request body;
   its ``weka_trace`` replay sends none); ``none``: nothing at all -- no job
-  id, no session header (AIPerf without ``--session-header``, a client
-  behind a proxy that drops headers). The plugin then has only the prompts
+  id, no session header (AIPerf with its default ``X-Session-Affinity``
+  turned off -- without ``--session-header`` AIPerf 0.13 still sends that
+  header, one of the plugin's ``session_headers`` -- or a client behind a
+  proxy that drops headers). The plugin then has only the prompts
   to go by (implicit jobs, ``vllm_continuum_plugin.implicit_jobs``).
 * **history** -- how turn ``k + 1``'s prompt re-sends turn ``k``:
   ``exact`` (the prompt and the reply verbatim, then the new tokens);
