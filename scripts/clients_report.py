@@ -45,7 +45,9 @@ the "Real traffic" issue from the tables' own figures:
   too, each profile ahead of the best cap (chosen per seed) on the mean of
   its ratios to it.
 
-Every figure comes from the results.json files this script makes with
+The profiles and the bars are in ``scripts/clients_bars.py``, the seed
+sections in ``scripts/clients_seeds.py``. Every figure comes from the
+results.json files this script makes with
 ``benchmarks.simulate`` (a point whose results.json holds the same command is
 reused, so an interrupted run resumes); the commands are printed at the end.
 
@@ -62,9 +64,22 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
-from statistics import fmean
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts.clients_bars import (  # noqa: E402
+    CAP_CLIENTS,
+    CAP_ORDER,
+    CLIENT_PROFILES,
+    LAST_STEP_PROFILE,
+    LOW_LOAD_TOLERANCE,
+    NO_HEADER_PROFILES,
+    SPREAD_GAP,
+    SPREAD_SPEEDUP,
+    TAGGED_TOLERANCE,
+    best_cap,
+)
+from scripts.clients_bars import check as _check  # noqa: E402
+from scripts.clients_seeds import seed_lines, seed_summary  # noqa: E402
 from scripts.clients_signals import SIGNAL_PROFILES, signal_lines, signal_summary  # noqa: E402
 from scripts.sim_report import SimPoints, replace_readme_block  # noqa: E402
 
@@ -72,27 +87,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # README.md's block this script owns (the summary of the page it writes).
 README_BEGIN = "<!-- clients-report: written by scripts/clients_report.py -->"
 README_END = "<!-- /clients-report -->"
-CLIENT_PROFILES = ("tagged", "headers-only", "aiperf", "reasoning")
-# The same clients without any session id (``no-header``: ``headers-only``'s
-# requests; ``aiperf-no-header``: ``aiperf``'s): the plugin has only the
-# prompts to go by (implicit jobs). Their own points, beside the others.
-NO_HEADER_PROFILES = ("no-header", "aiperf-no-header")
-# ``aiperf`` with each conversation's last request flagged (``is_last_step``):
-# run at the high loads beside the profiles above, to tell how much of the
-# ``aiperf`` client's shortfall is the session end it never sends.
-LAST_STEP_PROFILE = "aiperf-last-step"
 CLIENT_ARMS = ("fcfs", "continuum", "oracle")
 CAPS = "fcfs-cap8,fcfs-cap12,fcfs-cap16,fcfs-cap24"
-# The fixed caps run under the tagged client's prompts and, in a point of
-# their own, under those of the profiles whose prompts differ from them
-# (``CAP_CLIENTS``): a cap is the stock scheduler, which reads no metadata,
-# so a profile is compared with the caps over the prompts it sends itself
-# (``PROMPTS_OF``: whose prompts a profile sends, where they are another's).
-CAP_CLIENTS = ("aiperf", "reasoning")
-CAP_ORDER = ("tagged", *CAP_CLIENTS)  # the caps' rows, by whose prompts they ran over
-PROMPTS_OF = {"headers-only": "tagged", "no-header": "tagged",
-              LAST_STEP_PROFILE: "aiperf", "aiperf-no-header": "aiperf",
-              **{signal: "tagged" for signal in SIGNAL_PROFILES}}
 PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
 # The seed of every point's arrivals, and the workloads whose high loads run
 # again at the other seeds: the trace subset has 50 sessions, and there a TTL
@@ -107,12 +103,6 @@ PROFILES = ("h100-llama8b", "h100-llama70b-tp4")
 SEEDS = (7, 8, 9)
 SEEDED_WORKLOADS = ("trace", "spread")
 SEEDED_CAPS = ("trace", "spread")
-
-# The issue's bars.
-TAGGED_TOLERANCE = 0.05  # gap share a profile may trail the tagged client by
-LOW_LOAD_TOLERANCE = 0.01  # mean JCT against FCFS at low load
-SPREAD_SPEEDUP, SPREAD_GAP = 2.0, 0.75  # headers-only on the spread preset, high load
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -169,16 +159,6 @@ def client_table(points: list[dict], caps: list[dict], clients: tuple[str, ...] 
             f"| {p['jct_p90_s']:.1f} | {p['ttft_mean_s']:.2f} | {p['hit_share']:.1%} | "
             f"| {'' if gap is None else f'{gap:+.1%}'} |")
     return rows
-
-
-def best_cap(caps: list[dict], client: str) -> dict:
-    """The fastest fixed cap over the prompts ``client`` sends (those of the
-    profile whose prompts it sends, ``PROMPTS_OF``, else its own)."""
-    prompts = PROMPTS_OF.get(client, client)
-    mine = [p for p in caps if p["client"] == prompts]
-    if not mine:
-        raise ValueError(f"no fixed-cap points under the {prompts!r} client's prompts (for {client!r})")
-    return min(mine, key=lambda p: p["jct_mean_s"])
 
 
 def _bars(c: dict, fcfs: dict, tagged_gap: float, cap: dict) -> list[str]:
@@ -302,110 +282,6 @@ def write_readme_block(readme: str, rows: list[str], doc: str, seed_rows: list[s
     ])
 
 
-def seed_lines(by_seed: dict[int, list[dict]], caps_by_seed: dict[int, list[dict]] | None = None,
-               spread: bool = False) -> list[str]:
-    """The high load at every seed of ``by_seed`` (seed -> the profiles'
-    points): per profile (those of ``CLIENT_PROFILES`` and
-    ``NO_HEADER_PROFILES`` that ran at every seed) Continuum's gap share and
-    speed-up over its FCFS at each seed and the mean gap share, then the
-    bars on the mean (within 5 points of ``tagged``'s mean) and on every
-    seed (faster than FCFS), each stated with its figures; ``spread``: also
-    ``headers-only``'s (>= 2x FCFS at every seed, >= 75% of the gap on the
-    mean). With ``caps_by_seed`` (seed -> the fixed caps' points there), a
-    table of each profile against the best cap over its prompts at each
-    seed, and the bar on the mean of those ratios (ahead of the best cap)."""
-    seeds = sorted(by_seed)
-    by = _by_seed(by_seed)
-    clients = _seed_clients(by_seed)
-    rows = ["| client | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean gap closed |",
-            "|---|" + "---:|" * (len(seeds) + 1),
-            "| FCFS (tagged): JCT mean, hit share | " + " | ".join(
-                f"{by[(seed, 'tagged', 'fcfs')]['jct_mean_s']:.0f} s, {by[(seed, 'tagged', 'fcfs')]['hit_share']:.0%}"
-                for seed in seeds) + " | |"]
-    gaps = _seed_gaps(by_seed, clients)
-    means = {client: fmean(g) for client, g in gaps.items()}
-    speedups = {client: [by[(seed, client, "fcfs")]["jct_mean_s"] / by[(seed, client, "continuum")]["jct_mean_s"]
-                         for seed in seeds] for client in clients}
-    for client in clients:
-        cells = [f"{g:+.1%} ({x:.2f}x)" for g, x in zip(gaps[client], speedups[client])]
-        rows.append(f"| {client} | " + " | ".join(cells) + f" | {means[client]:+.1%} |")
-    lines = [*rows, ""]
-    for client in clients:
-        within = sum(g >= t - TAGGED_TOLERANCE for g, t in zip(gaps[client], gaps["tagged"]))
-        checks = [] if client == "tagged" else [
-            _check(means[client] >= means["tagged"] - TAGGED_TOLERANCE,
-                   f"mean gap {means[client]:+.1%} against tagged's {means['tagged']:+.1%} (within 5 points; "
-                   f"{within} of {len(seeds)} seeds within)")]
-        checks.append(_check(min(speedups[client]) > 1.0,
-                             f"{min(speedups[client]):.2f}x FCFS at its slowest seed (faster on every seed)"))
-        if spread and client == "headers-only":
-            checks += [_check(min(speedups[client]) >= SPREAD_SPEEDUP,
-                              f"{min(speedups[client]):.2f}x lower mean JCT at its slowest seed (>= 2x)"),
-                       _check(means[client] >= SPREAD_GAP, f"{means[client]:.1%} of the gap on the mean (>= 75%)")]
-        lines.append(f"- `{client}` continuum: " + "; ".join(checks) + ".")
-    if caps_by_seed:
-        lines += ["", *seed_cap_lines(by_seed, caps_by_seed, clients)]
-    return lines
-
-
-def seed_cap_lines(by_seed: dict[int, list[dict]], caps_by_seed: dict[int, list[dict]],
-                   clients: list[str]) -> list[str]:
-    """Each profile of ``clients`` against the best fixed cap over the
-    prompts it sends, at every seed (the cap chosen per seed: the best a
-    client that knew the load in advance could set), and the bar on the mean
-    of the ratios: ahead of the best cap."""
-    seeds = sorted(by_seed)
-    by = _by_seed(by_seed)
-    caps = {seed: {c: best_cap(caps_by_seed[seed], c) for c in clients} for seed in seeds}
-    rows = ["| client | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean |",
-            "|---|" + "---:|" * (len(seeds) + 1)]
-    for prompts in CAP_ORDER:
-        if all(any(p["client"] == prompts for p in caps_by_seed[seed]) for seed in seeds):
-            cells = [f"`{caps[seed][prompts]['arm']}` {caps[seed][prompts]['jct_mean_s']:.1f} s" for seed in seeds]
-            rows.append(f"| best cap over `{prompts}`'s prompts | " + " | ".join(cells) + " | |")
-    ratios = {c: [by[(seed, c, "continuum")]["jct_mean_s"] / caps[seed][c]["jct_mean_s"] - 1 for seed in seeds]
-              for c in clients}
-    for c in clients:
-        rows.append(f"| {c} | " + " | ".join(f"{r:+.1%}" for r in ratios[c]) + f" | {fmean(ratios[c]):+.1%} |")
-    lines = ["Continuum's mean JCT against the best fixed cap over the prompts each profile sends, at each",
-             "seed (the cap chosen per seed, as a client that knew the load in advance would set it):", "",
-             *rows, ""]
-    for c in clients:
-        ahead = sum(r < 0 for r in ratios[c])
-        lines.append(f"- `{c}` continuum: " + _check(
-            fmean(ratios[c]) < 0,
-            f"{fmean(ratios[c]):+.1%} against the best cap on the mean (ahead; {ahead} of {len(seeds)} seeds ahead)")
-            + ".")
-    return lines
-
-
-def _by_seed(by_seed: dict[int, list[dict]]) -> dict[tuple[int, str, str], dict]:
-    return {(seed, p["client"], p["arm"]): p for seed in by_seed for p in by_seed[seed]}
-
-
-def _seed_clients(by_seed: dict[int, list[dict]]) -> list[str]:
-    """The profiles (``CLIENT_PROFILES``, then ``NO_HEADER_PROFILES``) whose
-    Continuum ran at every seed of ``by_seed``."""
-    by = _by_seed(by_seed)
-    return [c for c in (*CLIENT_PROFILES, *NO_HEADER_PROFILES)
-            if all((seed, c, "continuum") in by for seed in by_seed)]
-
-
-def _seed_gaps(by_seed: dict[int, list[dict]], clients: tuple[str, ...] | list[str] = CLIENT_PROFILES,
-               ) -> dict[str, list[float]]:
-    """Per client profile, Continuum's gap share at each seed (in seed order)."""
-    by = _by_seed(by_seed)
-    return {client: [by[(seed, client, "continuum")]["gap_closed"] for seed in sorted(by_seed)]
-            for client in clients}
-
-
-def seed_summary(title: str, by_seed: dict[int, list[dict]]) -> str:
-    """README's line for a point run at several seeds: each profile's mean
-    gap share over them."""
-    means = ", ".join(f"{client} {fmean(g):+.0%}" for client, g in _seed_gaps(by_seed).items())
-    return f"- {title}: {means}"
-
-
 def low_verdict(points: list[dict], clients: tuple[str, ...] = CLIENT_PROFILES) -> list[str]:
     by = {(p["client"], p["arm"]): p for p in points}
     out = []
@@ -414,10 +290,6 @@ def low_verdict(points: list[dict], clients: tuple[str, ...] = CLIENT_PROFILES) 
         out.append(f"- `{client}` continuum: " + _check(abs(diff) <= LOW_LOAD_TOLERANCE,
                                                          f"{diff:+.2%} mean JCT against FCFS (within 1%)") + ".")
     return out
-
-
-def _check(ok: bool, text: str) -> str:
-    return f"{text}: **{'holds' if ok else 'misses'}**"
 
 
 def report_arguments(description: str, out: str, doc: str) -> argparse.ArgumentParser:

@@ -489,7 +489,7 @@ def test_clients_report_says_what_the_session_end_is_worth_to_aiperf() -> None:
 
 @pytest.mark.unit
 def test_clients_report_says_which_missing_signal_costs_what() -> None:
-    report = _clients_report()
+    _clients_report()  # loads the report's modules (scripts.*) as the report does
     from scripts.clients_signals import signal_lines
 
     def seed(fcfs: float, oracle: float, continuum: dict[str, float]) -> list[dict]:
@@ -527,7 +527,8 @@ def test_clients_report_says_which_missing_signal_costs_what() -> None:
     with pytest.raises(ValueError, match="seed 9: no point for headers-own continuum"):
         signal_lines({9: partial})
     # The signal profiles are compared with the caps over the tagged client's prompts.
-    assert all(report.PROMPTS_OF[c] == "tagged" for c in ("headers-last", "headers-own", "headers-last-own"))
+    from scripts.clients_bars import PROMPTS_OF
+    assert all(PROMPTS_OF[c] == "tagged" for c in ("headers-last", "headers-own", "headers-last-own"))
 
 
 @pytest.mark.unit
