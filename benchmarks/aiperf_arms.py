@@ -19,10 +19,10 @@ live:
   ``session_headers``): what a user who runs AIPerf with no session flag
   sends;
 * ``<policy>-no-header`` -- no session id at all (AIPerf's
-  ``X-Session-Affinity`` turned off, ``AIPERF_HTTP_X_SESSION_AFFINITY_FROM_
-  CORRELATION_ID=false``; its ``X-Correlation-ID`` is not read): the plugin
-  sees untagged traffic and has only implicit jobs (prefix matching) to go
-  on;
+  ``X-Session-Affinity`` turned off with
+  ``AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID=false``; its
+  ``X-Correlation-ID`` is not read): the plugin sees untagged traffic and
+  has only implicit jobs (prefix matching) to go on;
 * ``native-offload`` / ``continuum-native-offload`` -- vLLM's own CPU
   offloading under the stock / Continuum scheduler;
 * ``continuum-offload-explicit`` -- Continuum with the plugin's connector as

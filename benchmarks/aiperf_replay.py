@@ -613,12 +613,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             policy = arm.name
             print(f"{policy}: vllm serve {args.model} {shlex.join(server_args(args, arm, plan))}")
             env = "" if arm.affinity_header else "AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID=false "
-            print("  " + env + shlex.join(aiperf_command(args.aiperf, url="http://127.0.0.1:PORT", model=args.served_name,
-                                                   tokenizer=args.tokenizer or args.model, traces=traces,
-                                                   sessions=len(plan.sessions),
-                                                   out_dir=os.path.join(run_dir, policy, "aiperf"),
-                                                   concurrency=args.concurrency, ramp_s=args.ramp, seed=args.seed,
-                                                   timeout_s=args.arm_timeout, session_header=arm.session_header)))
+            cmd = aiperf_command(args.aiperf, url="http://127.0.0.1:PORT", model=args.served_name,
+                                 tokenizer=args.tokenizer or args.model, traces=traces, sessions=len(plan.sessions),
+                                 out_dir=os.path.join(run_dir, policy, "aiperf"), concurrency=args.concurrency,
+                                 ramp_s=args.ramp, seed=args.seed, timeout_s=args.arm_timeout,
+                                 session_header=arm.session_header)
+            print("  " + env + shlex.join(cmd))
         return 0
     if version is None:
         print(f"aiperf not found at {args.aiperf}: install it (pip install aiperf=={AIPERF_VERSION}) "

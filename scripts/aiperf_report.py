@@ -151,6 +151,34 @@ def host_tier_note(results: list[dict[str, Any]]) -> list[str]:
     return []
 
 
+def session_text(arm: dict[str, Any]) -> str:
+    """How AIPerf named the arm's sessions (its results' ``arm`` entry).
+    Runs before the runner recorded ``affinity_header`` had AIPerf 0.13's
+    default ``X-Session-Affinity`` on, and a plugin that did not read it."""
+    header, affinity = arm.get("session_header"), arm.get("affinity_header")
+    if header:
+        return f"`--session-header {header}`"
+    if affinity is None:
+        return ("no session id read (AIPerf's default `X-Session-Affinity` was sent; "
+                "the plugin of the time did not read it)")
+    if affinity:
+        return "AIPerf's default `X-Session-Affinity` only (no `--session-header`)"
+    return "none (AIPerf's `X-Session-Affinity` off)"
+
+
+def session_note(results: list[dict[str, Any]], arms: list[str]) -> list[str]:
+    """A line saying how each arm named its sessions (arms with the same
+    way grouped, in ``arms`` order), from the first run that has the arm."""
+    groups: dict[str, list[str]] = {}
+    for name in arms:
+        entry = next((a for r in results for a in r["arms"] if a["policy"] == name and "arm" in a), None)
+        if entry is not None:
+            groups.setdefault(session_text(entry["arm"]), []).append(f"`{name}`")
+    if not groups:
+        return []
+    return ["Session ids: " + "; ".join(f"{', '.join(names)}: {text}" for text, names in groups.items()) + "."]
+
+
 def render(results: list[dict[str, Any]], arms: list[str], command: str, plot_name: str = "aiperf.png") -> str:
     first = results[0]
     by_run = [{a["policy"]: a for a in r["arms"] if "error" not in a} for r in results]
@@ -171,6 +199,7 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str, plot_na
         f"a KV pool of {first['num_blocks']} x {first['block_size']}-token blocks "
         f"(the oracle's never evicts). {n} runs.",
         *host_tier_note(results),
+        *session_note(results, arms),
         "",
         "Mean session JCT (s), per run; the share of the FCFS -> oracle gap each arm closes",
         "(per run, and pooled over the runs: `(sum fcfs - sum arm) / (sum fcfs - sum oracle)`):",

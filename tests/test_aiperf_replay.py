@@ -464,6 +464,19 @@ def test_the_report_pools_the_gap_share_over_runs_and_writes_the_readme_block(tm
     body = readme.read_text()
     assert body.startswith("intro\n") and body.endswith("outro\n") and "old" not in body
     assert "| continuum | 2 | 150.0 s | +67% |" in body
+    # Each arm's session ids, as its run recorded them.
+    assert aiperf_report.session_note(results, ["fcfs", "continuum"]) == []  # not recorded: nothing said
+    recorded = [{"arms": [{"policy": "continuum", "arm": {"session_header": "X-Session-ID", "affinity_header": True}},
+                          {"policy": "fcfs", "arm": {"session_header": "X-Session-ID", "affinity_header": True}},
+                          {"policy": "continuum-affinity", "arm": {"session_header": None, "affinity_header": True}},
+                          {"policy": "continuum-no-header", "arm": {"session_header": None, "affinity_header": False}},
+                          {"policy": "old-no-header", "arm": {"session_header": None}}]}]
+    note = aiperf_report.session_note(
+        recorded, ["fcfs", "continuum", "continuum-affinity", "continuum-no-header", "old-no-header"])
+    assert note == ["Session ids: `fcfs`, `continuum`: `--session-header X-Session-ID`; `continuum-affinity`: AIPerf's "
+                    "default `X-Session-Affinity` only (no `--session-header`); `continuum-no-header`: none "
+                    "(AIPerf's `X-Session-Affinity` off); `old-no-header`: no session id read (AIPerf's default "
+                    "`X-Session-Affinity` was sent; the plugin of the time did not read it)."]
 
 
 def test_a_run_is_completed_arm_by_arm_and_pooled_over_the_runs_each_arm_has(tmp_path):
