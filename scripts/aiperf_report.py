@@ -197,7 +197,7 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str, plot_na
         f"(prompts / {first['config']['merge']}, think times capped at {first['config']['max_think']:g} s), "
         f"`--custom-dataset-type weka_trace --no-fixed-schedule --use-think-time-only`; "
         f"a KV pool of {first['num_blocks']} x {first['block_size']}-token blocks "
-        f"(the oracle's never evicts). {n} runs.",
+        f"(the oracle's never evicts). {n} run{'s' if n != 1 else ''}.",
         *host_tier_note(results),
         *session_note(results, arms),
         "",
