@@ -205,6 +205,11 @@ def gpu_command(trace_dir: str, sessions: int, model: str = "MODEL", url: str = 
     ])
 
 
+# AIPerf 0.13's switch for its default X-Session-Affinity header (the
+# session's id, which the plugin reads as a session header).
+AFFINITY_ENV = "AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID"
+
+
 def aiperf_env(affinity_header: bool = True) -> dict[str, str]:
     """AIPerf's environment: online mode (with ``HF_HUB_OFFLINE`` set AIPerf
     0.13 resolves even a local tokenizer directory in the hub cache and
@@ -214,7 +219,7 @@ def aiperf_env(affinity_header: bool = True) -> dict[str, str]:
     ``affinity_header`` False: AIPerf does not send its default
     ``X-Session-Affinity`` (the session id, which the plugin reads)."""
     env = dict(os.environ)
-    env["AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID"] = "true" if affinity_header else "false"
+    env[AFFINITY_ENV] = "true" if affinity_header else "false"
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         env.pop(k, None)
     env["AIPERF_DATASET_MMAP_CACHE_ENABLED"] = "false"
@@ -612,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for arm in arms:
             policy = arm.name
             print(f"{policy}: vllm serve {args.model} {shlex.join(server_args(args, arm, plan))}")
-            env = "" if arm.affinity_header else "AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID=false "
+            env = "" if arm.affinity_header else f"{AFFINITY_ENV}=false "
             cmd = aiperf_command(args.aiperf, url="http://127.0.0.1:PORT", model=args.served_name,
                                  tokenizer=args.tokenizer or args.model, traces=traces, sessions=len(plan.sessions),
                                  out_dir=os.path.join(run_dir, policy, "aiperf"), concurrency=args.concurrency,
