@@ -45,9 +45,14 @@ policies differ), warms it up, scrapes ``/metrics``, runs::
     aiperf profile --custom-dataset-type weka_trace --input-file RUN/traces
         --session-header X-Session-ID --no-fixed-schedule --use-think-time-only
         --concurrency N --conversation-num N --extra-inputs ignore_eos:true
+        --request-rate 50 --arrival-pattern constant
         --streaming --tokenizer MODEL_DIR ...
 
-(each session's next turn goes its think time after the previous reply; the
+(each session's next turn goes its think time after the previous reply, on
+the next tick of AIPerf's 50-per-second clock, ``--request-rate``; without
+one AIPerf's concurrency mode polls in a loop that keeps a CPU core busy for
+the whole replay, the core the server's engine process shares on a 2-core
+machine; ``--request-rate 0`` brings that mode back; the
 session id -- AIPerf's per-session correlation id -- travels as
 ``X-Session-ID``, which the plugin takes as the job id), scrapes ``/metrics``
 again and stops the server by its PID. AIPerf's weka replay sends canned
@@ -110,122 +115,32 @@ from typing import Any
 from .aiperf_results import (cache_hit_share, counter_deltas, format_summary, read_records, request_rows,
                              summarize_arm, summarize_paths)
 from .aiperf_arms import LiveArm, parse_live_arms
+from .aiperf_command import (AFFINITY_ENV, AIPERF_VERSION, DEFAULT_AIPERF_VENV, aiperf_command, aiperf_version,
+                             gpu_command, last_line, log, run_aiperf)
 from .aiperf_traces import peak_tokens, scale_session, select_sessions, write_traces
 
 __all__ = [
-    "AIPERF_VERSION",
     "Plan",
-    "aiperf_command",
-    "aiperf_env",
     "build_parser",
-    "gpu_command",
     "main",
     "plan_run",
     "run_arm",
     "server_env",
 ]
 
-AIPERF_VERSION = "0.13.0"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TRACES = os.path.join(REPO, "benchmarks", "data", "claude_code_traces")
 DEFAULT_MODEL_DIR = os.path.join(
     os.environ.get("CONTINUUM_MODELS", os.path.expanduser("~/.cache/vllm-continuum/models")),
     "smollm2-135m-instruct",
 )
-DEFAULT_AIPERF_VENV = os.environ.get("CONTINUUM_AIPERF_VENV", os.path.expanduser("~/.venvs/vllm-continuum-aiperf"))
 # vLLM's CPU backend needs a block size that is a multiple of 32.
 SERVER_BLOCK = 32
 # Chat-template and re-tokenisation slack per request, in tokens.
 TEMPLATE_SLACK = 256
-
-
-def log(msg: str) -> None:
-    print(f"[aiperf-replay] {msg}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------
-# Commands
-# ----------------------------------------------------------------------
-def aiperf_command(
-    aiperf: str,
-    *,
-    url: str,
-    model: str,
-    tokenizer: str,
-    traces: str,
-    sessions: int,
-    out_dir: str,
-    concurrency: int | None = None,
-    ramp_s: float | None = None,
-    seed: int = 0,
-    timeout_s: float | None = None,
-    extra: Sequence[str] = (),
-    session_header: str | None = "X-Session-ID",
-) -> list[str]:
-    """The ``aiperf profile`` command line of one arm (``session_header``
-    None: no session id is sent)."""
-    n = str(concurrency or sessions)
-    header = ["--session-header", session_header] if session_header else []
-    cmd = [
-        aiperf, "profile",
-        "--model", model, "--url", url, "--endpoint-type", "chat", "--streaming",
-        "--tokenizer", tokenizer,
-        "--custom-dataset-type", "weka_trace", "--input-file", traces,
-        *header,
-        "--no-fixed-schedule", "--use-think-time-only",
-        "--concurrency", n, "--conversation-num", str(sessions),
-        # A randomly initialised model (tiny-llama) samples special tokens
-        # too; skipped, a reply can decode to nothing, which AIPerf counts as
-        # an error ("no responses with actual content").
-        "--extra-inputs", "ignore_eos:true", "skip_special_tokens:false",
-        # Token counts from the server's usage (no client-side tokenising of
-        # every reply on a 2-core machine that also runs the server).
-        "--use-server-token-count",
-        "--random-seed", str(seed),
-        "--output-artifact-dir", out_dir,
-        "--ui-type", "none", "--no-server-metrics", "--no-gpu-telemetry",
-    ]
-    if ramp_s:
-        cmd += ["--concurrency-ramp-duration", f"{ramp_s:g}"]
-    if timeout_s:
-        cmd += ["--request-timeout-seconds", f"{timeout_s:g}"]
-    return cmd + list(extra)
-
-
-def gpu_command(trace_dir: str, sessions: int, model: str = "MODEL", url: str = "http://HOST:8000",
-                policy: str = "POLICY") -> str:
-    """The unscaled replay for a GPU user (sub-agents and all), as text."""
-    return " ".join([
-        "aiperf profile", "--model", model, "--url", url, "--endpoint-type chat --streaming",
-        "--tokenizer", model, "--custom-dataset-type weka_trace", "--input-file", shlex.quote(trace_dir),
-        "--session-header X-Session-ID --no-fixed-schedule --use-think-time-only",
-        f"--concurrency {sessions} --conversation-num {sessions}",
-        "--extra-inputs ignore_eos:true", f"--output-artifact-dir artifacts/{policy}",
-        f"   # against: vllm serve {model} --scheduling-policy {policy}",
-    ])
-
-
-# AIPerf 0.13's switch for its default X-Session-Affinity header (the
-# session's id, which the plugin reads as a session header).
-AFFINITY_ENV = "AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID"
-
-
-def aiperf_env(affinity_header: bool = True) -> dict[str, str]:
-    """AIPerf's environment: online mode (with ``HF_HUB_OFFLINE`` set AIPerf
-    0.13 resolves even a local tokenizer directory in the hub cache and
-    fails), its dataset cache off (it keys on the tokenizer *path* and could
-    serve a stale tokenisation of a rebuilt model), and sub-agent chain
-    splitting off (the scaled traces hold one main chain each).
-    ``affinity_header`` False: AIPerf does not send its default
-    ``X-Session-Affinity`` (the session id, which the plugin reads)."""
-    env = dict(os.environ)
-    env[AFFINITY_ENV] = "true" if affinity_header else "false"
-    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        env.pop(k, None)
-    env["AIPERF_DATASET_MMAP_CACHE_ENABLED"] = "false"
-    env["AIPERF_DATASET_WEKA_SPLIT_FLATTENED_AGENTS"] = "false"
-    env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    return env
+# AIPerf's turn clock (``--request-rate``), turns per second: far above the
+# replays' few turns per second, so a due turn waits at most a tick (20 ms).
+DEFAULT_REQUEST_RATE = 50.0
 
 
 # ----------------------------------------------------------------------
@@ -266,6 +181,15 @@ def plan_run(args: argparse.Namespace) -> Plan:
                                         math.ceil(1.5 * max_model_len / SERVER_BLOCK))
     oracle_blocks = sum(per_session) + 3 * sum(len(s["requests"]) for s in sessions) + 64
     return Plan(sessions, [p for p, _ in chosen], num_blocks, max_model_len, max(num_blocks, oracle_blocks))
+
+
+def request_rate(args: argparse.Namespace) -> float | None:
+    """AIPerf's turn clock for ``args`` (None: its concurrency mode, for
+    ``--request-rate 0``); a negative or non-finite rate is an error."""
+    rate = args.request_rate
+    if not math.isfinite(rate) or rate < 0:
+        raise ValueError(f"--request-rate must be >= 0 turns per second, got {rate!r}")
+    return rate or None
 
 
 def arm_pool(arm: LiveArm, plan: Plan) -> int:
@@ -328,60 +252,6 @@ def warm_up(url: str, model: str, lengths: Sequence[int]) -> None:
                       json={"model": model, "prompt": prompt, "max_tokens": 4, "ignore_eos": True})
 
 
-def _count_lines(path: str) -> int:
-    try:
-        with open(path, "rb") as f:
-            return sum(1 for line in f if line.strip())
-    except OSError:
-        return 0
-
-
-def run_aiperf(cmd: Sequence[str], log_path: str, timeout_s: float, report_s: float = 30.0,
-               records_path: str | None = None, expected: int | None = None,
-               affinity_header: bool = True) -> int:
-    """Run AIPerf in its own process group (stopped by its PID on timeout or
-    interrupt), its output to ``log_path``; progress every ``report_s``
-    (requests recorded so far: AIPerf appends to ``records_path`` as they
-    finish). ``affinity_header``: see :func:`aiperf_env`."""
-    import signal
-
-    started = time.monotonic()
-    with open(log_path, "w") as logf:
-        proc = subprocess.Popen(list(cmd), stdout=logf, stderr=subprocess.STDOUT, env=aiperf_env(affinity_header),
-                                start_new_session=True)
-    try:
-        while True:
-            try:
-                return proc.wait(timeout=report_s)
-            except subprocess.TimeoutExpired:
-                elapsed = time.monotonic() - started
-                if elapsed > timeout_s:
-                    log(f"  aiperf still running after {elapsed:.0f}s: stopping it (pid {proc.pid})")
-                    raise TimeoutError(f"aiperf exceeded {timeout_s:.0f}s")
-                if records_path is not None:
-                    log(f"  aiperf running {elapsed:.0f}s: {_count_lines(records_path)}"
-                        f"{'' if expected is None else f'/{expected}'} requests recorded")
-                else:
-                    log(f"  aiperf running {elapsed:.0f}s: {_last_line(log_path)}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-
-
-def _last_line(path: str, width: int = 110) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            lines = [line.strip() for line in f.readlines()[-20:] if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1][-width:] if lines else "(no output yet)"
-
-
 def server_env(max_think_s: float, think_scale: float) -> dict[str, str]:
     """The server's environment for a replay whose sessions think up to
     ``max_think_s * think_scale`` seconds between turns.
@@ -421,7 +291,8 @@ def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run
         cmd = aiperf_command(aiperf, url=server.url, model=args.served_name, tokenizer=args.tokenizer or args.model,
                              traces=traces, sessions=len(plan.sessions), out_dir=os.path.join(arm_dir, "aiperf"),
                              concurrency=args.concurrency, ramp_s=args.ramp, seed=args.seed,
-                             timeout_s=args.arm_timeout, session_header=arm.session_header)
+                             timeout_s=args.arm_timeout, session_header=arm.session_header,
+                             request_rate=request_rate(args))
         with open(os.path.join(arm_dir, "aiperf_command.txt"), "w") as f:
             f.write(shlex.join(cmd) + "\n")
         log(f"[{policy}] {shlex.join(cmd)}")
@@ -441,7 +312,7 @@ def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run
     records_path = os.path.join(arm_dir, "aiperf", "profile_export.jsonl")
     if rc != 0 or not os.path.exists(records_path):
         raise RuntimeError(f"[{policy}] aiperf exited with {rc}; see {os.path.join(arm_dir, 'aiperf.log')}:\n"
-                           f"{_last_line(os.path.join(arm_dir, 'aiperf.log'), 400)}")
+                           f"{last_line(os.path.join(arm_dir, 'aiperf.log'), 400)}")
     records = read_records(records_path)
     summary = summarize_arm(policy, records, cache_hit_share(before, after))
     expected = plan.turns()
@@ -490,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="AIPerf session concurrency (default: all sessions at once)")
     p.add_argument("--ramp", type=float, default=None,
                    help="AIPerf --concurrency-ramp-duration, seconds (default: none, all sessions start together)")
+    p.add_argument("--request-rate", type=float, default=DEFAULT_REQUEST_RATE,
+                   help="AIPerf issues due turns on a constant clock of this many per second "
+                        "(--request-rate R --arrival-pattern constant), so its timing loop sleeps between "
+                        "ticks; 0: AIPerf's concurrency mode, whose loop keeps a CPU core busy all run "
+                        "(default: %(default)s)")
     p.add_argument("--model", default=DEFAULT_MODEL_DIR, help="model directory (default: embedded SmolLM2-135M)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory for AIPerf (default: --model)")
     p.add_argument("--served-name", default="smollm2", help="served model name (default: %(default)s)")
@@ -525,16 +401,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def aiperf_version(aiperf: str) -> str | None:
-    python = os.path.join(os.path.dirname(aiperf), "python")
-    try:
-        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('aiperf'))"],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
-
-
 def _commit() -> str | None:
     """The project's git commit the arms ran (None outside a checkout)."""
     try:
@@ -547,7 +413,8 @@ def _commit() -> str | None:
 
 # What must match for two replays' arms to share one results.json: the same
 # sessions (sizes, turns, think times) over the same pool on the same CPU.
-_SAME_RUN_KEYS = ("cpu", "dtype", "aiperf_version", "num_blocks", "block_size", "max_model_len", "sessions")
+_SAME_RUN_KEYS = ("cpu", "dtype", "aiperf_version", "num_blocks", "block_size", "max_model_len", "sessions",
+                  "aiperf_request_rate")
 
 
 def previous_arms(path: str, results: Mapping[str, Any], names: set[str]) -> list[dict[str, Any]]:
@@ -596,6 +463,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"--policies: {e}", file=sys.stderr)
         return 2
+    try:
+        request_rate(args)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return 2
     if not os.path.isdir(args.traces):
         print(f"trace directory {args.traces} not found (--traces)", file=sys.stderr)
         return 2
@@ -622,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  tokenizer=args.tokenizer or args.model, traces=traces, sessions=len(plan.sessions),
                                  out_dir=os.path.join(run_dir, policy, "aiperf"), concurrency=args.concurrency,
                                  ramp_s=args.ramp, seed=args.seed, timeout_s=args.arm_timeout,
-                                 session_header=arm.session_header)
+                                 session_header=arm.session_header, request_rate=request_rate(args))
             print("  " + env + shlex.join(cmd))
         return 0
     if version is None:
@@ -634,6 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu": cpu_name(), "dtype": args.dtype, "aiperf_version": version, "commit": commit,
         "config": {k: v for k, v in vars(args).items()},
         "num_blocks": plan.num_blocks, "block_size": SERVER_BLOCK, "max_model_len": plan.max_model_len,
+        "aiperf_request_rate": request_rate(args),
         "sessions": [{"id": s["id"], "source": src, "turns": len(s["requests"]),
                       "in": [r["in"] for r in s["requests"]], "out": [r["out"] for r in s["requests"]],
                       "think_s": [r["think_time"] for r in s["requests"]]}

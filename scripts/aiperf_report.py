@@ -16,8 +16,11 @@ Arguments after ``--`` go to the replay (``--policies`` is set from
 ``--arms``). ``--only-report`` re-renders the page from the run directories
 already under ``--out-root``; ``--resume`` runs in each run directory only
 the arms its ``results.json`` lacks (or that failed there), keeping the
-others (the replay refuses a directory of another workload). The page names
-the commits its arms ran and pools each arm over the runs it has.
+others (the replay refuses a directory of another workload). Run ``i``
+runs the arms in ``--arms`` order rotated to start at its ``i``-th arm
+(:func:`run_order`): an arm's place in a run moves its JCT. The page names
+the commits its arms ran and the order they ran in, and pools each arm over
+the runs it has.
 
 The default ``--out-root`` is ``docs/aiperf_runs``: its ``.gitignore`` keeps
 each run's ``results.json`` (all the page reads) and drops the rest (AIPerf's
@@ -54,6 +57,19 @@ def replay(run_dir: Path, arms: str, replay_args: list[str]) -> int:
     cmd = [sys.executable, "-m", "benchmarks.aiperf_replay", *replay_args, "--policies", arms, "--out", str(run_dir)]
     print(f"[aiperf-report] {shlex.join(cmd)}", file=sys.stderr, flush=True)
     return subprocess.run(cmd, cwd=REPO).returncode
+
+
+def run_order(arms: list[str], run_index: int) -> list[str]:
+    """The order run ``run_index`` (0-based) runs ``arms`` in: the list
+    rotated to start at arm ``run_index`` (mod its length). A run's arms
+    share one machine one after another, and an arm's place moved its JCT
+    by ~10% live (docs/aiperf_affinity.md: the arm after FCFS was the slower
+    of two equal arms in runs 1-2, the faster in run 3); rotating keeps any
+    arm from always running first, or always right after the same one."""
+    if not arms:
+        return []
+    k = run_index % len(arms)
+    return arms[k:] + arms[:k]
 
 
 def load(run_dir: Path) -> dict[str, Any]:
@@ -179,6 +195,44 @@ def session_note(results: list[dict[str, Any]], arms: list[str]) -> list[str]:
     return ["Session ids: " + "; ".join(f"{', '.join(names)}: {text}" for text, names in groups.items()) + "."]
 
 
+def pacing_text(rate: float | None) -> str:
+    """How AIPerf issued turns in a run (its results' ``aiperf_request_rate``;
+    runs recorded before it existed ran AIPerf's concurrency mode)."""
+    if rate:
+        return (f"AIPerf issued due turns on a {rate:g}-per-second clock (`--request-rate {rate:g} "
+                f"--arrival-pattern constant`)")
+    return "AIPerf in its concurrency mode (its timing loop keeps a CPU core busy all run)"
+
+
+def pacing_note(results: list[dict[str, Any]]) -> list[str]:
+    """A line saying how AIPerf paced each run, runs paced alike grouped."""
+    by_rate: dict[float | None, list[int]] = {}
+    for i, r in enumerate(results):
+        by_rate.setdefault(r.get("aiperf_request_rate"), []).append(i + 1)
+    if not by_rate:
+        return []
+    if len(by_rate) == 1:
+        return [pacing_text(next(iter(by_rate))) + "."]
+    return ["; ".join(f"{pacing_text(rate)} ({_runs_text(runs)})" for rate, runs in by_rate.items()) + "."]
+
+
+def order_note(results: list[dict[str, Any]]) -> list[str]:
+    """A line saying in which order each run's arms ran (its results list
+    them in that order: an arm run again with ``--resume`` goes last), runs
+    with the same order grouped. The arms of a run share one machine one
+    after another, so an arm's speed may depend on its place."""
+    by_order: dict[tuple[str, ...], list[int]] = {}
+    for i, r in enumerate(results):
+        by_order.setdefault(tuple(a["policy"] for a in r["arms"]), []).append(i + 1)
+    if not by_order:
+        return []
+    parts = [(_runs_text(runs), ", ".join(f"`{a}`" for a in order)) for order, runs in by_order.items()]
+    if len(parts) == 1:
+        return [f"Arms ran one after another, each on a fresh server, in this order: {parts[0][1]}."]
+    return ["Arms ran one after another, each on a fresh server, in this order: "
+            + "; ".join(f"{runs}: {order}" for runs, order in parts) + "."]
+
+
 def render(results: list[dict[str, Any]], arms: list[str], command: str, plot_name: str = "aiperf.png") -> str:
     first = results[0]
     by_run = [{a["policy"]: a for a in r["arms"] if "error" not in a} for r in results]
@@ -200,6 +254,8 @@ def render(results: list[dict[str, Any]], arms: list[str], command: str, plot_na
         f"(the oracle's never evicts). {n} run{'s' if n != 1 else ''}.",
         *host_tier_note(results),
         *session_note(results, arms),
+        *pacing_note(results),
+        *order_note(results),
         "",
         "Mean session JCT (s), per run; the share of the FCFS -> oracle gap each arm closes",
         "(per run, and pooled over the runs: `(sum fcfs - sum arm) / (sum fcfs - sum oracle)`):",
@@ -321,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     dirs = run_dirs(args.out_root, args.runs)
     if not args.only_report:
         for i, d in enumerate(dirs):
-            todo = missing_arms(d, arms) if args.resume else arms
+            todo = run_order(missing_arms(d, arms) if args.resume else arms, i)
             print(f"[aiperf-report] run {i + 1}/{len(dirs)}: {', '.join(todo) or 'complete'}",
                   file=sys.stderr, flush=True)
             if todo:

@@ -27,6 +27,7 @@ FILE_LEVELS = {
     "test_agent_loop.py": "unit",
     "test_agent_replay.py": "unit",
     "test_aiperf_replay.py": "unit",
+    "test_aiperf_report.py": "unit",
     "test_capacity_report.py": "unit",
     "test_server_preflight.py": "unit",
     "test_block_copier.py": "unit",

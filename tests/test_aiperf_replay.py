@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from vllm_continuum_plugin.benchmarks import aiperf_command as ac
 from vllm_continuum_plugin.benchmarks import aiperf_replay as ar
 from vllm_continuum_plugin.benchmarks import aiperf_results, aiperf_traces
 
@@ -269,7 +270,7 @@ def test_cache_hit_share_from_metric_deltas():
 # Commands
 # ----------------------------------------------------------------------
 def test_aiperf_command_flags():
-    cmd = ar.aiperf_command("aiperf", url="http://127.0.0.1:1", model="m", tokenizer="/tok", traces="/tr",
+    cmd = ac.aiperf_command("aiperf", url="http://127.0.0.1:1", model="m", tokenizer="/tok", traces="/tr",
                             sessions=3, out_dir="/out")
     text = " ".join(cmd)
     for flag in ("--custom-dataset-type weka_trace", "--input-file /tr", "--session-header X-Session-ID",
@@ -277,8 +278,31 @@ def test_aiperf_command_flags():
                  "--extra-inputs ignore_eos:true", "--streaming", "--tokenizer /tok",
                  "--output-artifact-dir /out"):
         assert flag in text
-    gpu = ar.gpu_command("/data/traces", 5)
+    gpu = ac.gpu_command("/data/traces", 5)
     assert "--input-file /data/traces" in gpu and "--concurrency 5 --conversation-num 5" in gpu
+    assert "--request-rate" not in cmd  # AIPerf's concurrency mode unless a clock is asked for
+
+
+def test_aiperf_is_paced_by_a_clock_so_its_loop_leaves_the_servers_core_alone():
+    """By default the runner has AIPerf issue due turns on a 50-per-second
+    constant clock: its concurrency mode polls in a loop that keeps a core
+    busy (one of the two the server has here). ``--request-rate 0`` is that
+    mode; a run records its pacing, and runs paced differently are not one
+    run (their arms would not compare)."""
+    args = ar.build_parser().parse_args([])
+    assert ar.request_rate(args) == ar.DEFAULT_REQUEST_RATE == 50.0
+    cmd = ac.aiperf_command("aiperf", url="u", model="m", tokenizer="t", traces="tr", sessions=24, out_dir="o",
+                            request_rate=ar.request_rate(args))
+    text = " ".join(cmd)
+    assert "--request-rate 50 --arrival-pattern constant" in text and "--concurrency 24" in text
+    assert ar.request_rate(ar.build_parser().parse_args(["--request-rate", "0"])) is None
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(ValueError, match="--request-rate"):
+            ar.request_rate(ar.build_parser().parse_args(["--request-rate", bad]))
+    with pytest.raises(ValueError, match="request_rate"):
+        ac.aiperf_command("aiperf", url="u", model="m", tokenizer="t", traces="tr", sessions=2, out_dir="o",
+                          request_rate=0.0)
+    assert "aiperf_request_rate" in ar._SAME_RUN_KEYS
 
 
 def test_arms_name_the_policy_settings_pool_and_session_header():
@@ -308,7 +332,7 @@ def test_arms_name_the_policy_settings_pool_and_session_header():
     assert "--additional-config" not in ar.server_args(args, fcfs, plan)
     oracle_args = ar.server_args(args, oracle, plan)
     assert oracle_args[oracle_args.index("--num-gpu-blocks-override") + 1] == "900"
-    cmd = ar.aiperf_command("aiperf", url="u", model="m", tokenizer="t", traces="tr", sessions=2, out_dir="o",
+    cmd = ac.aiperf_command("aiperf", url="u", model="m", tokenizer="t", traces="tr", sessions=2, out_dir="o",
                             session_header=None)
     assert "--session-header" not in cmd
 
@@ -360,11 +384,11 @@ def test_the_plugin_connector_arms_run_its_store_mode_with_the_same_tier(name, p
 
 def test_aiperf_env_is_online_and_uncached(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    env = ar.aiperf_env()
+    env = ac.aiperf_env()
     assert "HF_HUB_OFFLINE" not in env
     assert env["AIPERF_DATASET_MMAP_CACHE_ENABLED"] == "false"
     assert env["AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID"] == "true"
-    assert ar.aiperf_env(affinity_header=False)["AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID"] == "false"
+    assert ac.aiperf_env(affinity_header=False)["AIPERF_HTTP_X_SESSION_AFFINITY_FROM_CORRELATION_ID"] == "false"
 
 
 def test_server_keep_alive_outlasts_the_longest_think_time():
@@ -402,7 +426,7 @@ def test_dry_run_writes_scaled_traces(tmp_path):
 # ----------------------------------------------------------------------
 # One small live arm
 # ----------------------------------------------------------------------
-AIPERF = os.path.join(ar.DEFAULT_AIPERF_VENV, "bin", "aiperf")
+AIPERF = os.path.join(ac.DEFAULT_AIPERF_VENV, "bin", "aiperf")
 
 
 @pytest.mark.e2e
@@ -432,143 +456,3 @@ def test_live_arm_every_request_succeeds(tmp_path):
     assert all(r["ttft_s"] is not None and r["ttft_s"] > 0 for r in arm["requests_detail"])
     # The second and third turns reuse the first's prefix (same server, 1 s gaps).
     assert arm["prefix_cache_hit_share"] is not None and arm["prefix_cache_hit_share"] > 0
-
-
-def test_the_report_pools_the_gap_share_over_runs_and_writes_the_readme_block(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    try:
-        import aiperf_report
-    finally:
-        sys.path.pop(0)
-
-    def arm(name, jct, hit=0.5):
-        return {"policy": name, "jct_s": {"mean": jct}, "prefix_cache_hit_share": hit, "failed": 0,
-                "server_counters": {"jobs_ended": 3, "pins_created": 10}}
-
-    runs = []
-    for i, (fcfs, cont, oracle) in enumerate([(300.0, 150.0, 100.0), (200.0, 150.0, 100.0)]):
-        d = tmp_path / f"run{i + 1}"
-        d.mkdir()
-        (d / "results.json").write_text(json.dumps({
-            "cpu": "Test CPU", "dtype": "float32", "aiperf_version": "0.13.0", "num_blocks": 600, "block_size": 32,
-            "config": {"merge": 16, "max_think": 5.0}, "sessions": [{"turns": 15}] * 24,
-            "arms": [arm("fcfs", fcfs), arm("continuum", cont), arm("oracle", oracle)]}))
-        runs.append(d)
-    results = [aiperf_report.load(d) for d in runs]
-    text = aiperf_report.render(results, ["fcfs", "continuum", "oracle"], "cmd")
-    # Run 1 closes 75% of its gap, run 2 50%; pooled (500-300)/(500-200) = 67%.
-    assert "| continuum | 150.0 | 150.0 | +75%, +50% | +67% |" in text
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{aiperf_report.README_BEGIN}\nold\n{aiperf_report.README_END}\noutro\n")
-    aiperf_report.update_readme(readme, aiperf_report.readme_block(results, ["fcfs", "continuum", "oracle"]))
-    body = readme.read_text()
-    assert body.startswith("intro\n") and body.endswith("outro\n") and "old" not in body
-    assert "| continuum | 2 | 150.0 s | +67% |" in body
-    # Each arm's session ids, as its run recorded them.
-    assert aiperf_report.session_note(results, ["fcfs", "continuum"]) == []  # not recorded: nothing said
-    recorded = [{"arms": [{"policy": "continuum", "arm": {"session_header": "X-Session-ID", "affinity_header": True}},
-                          {"policy": "fcfs", "arm": {"session_header": "X-Session-ID", "affinity_header": True}},
-                          {"policy": "continuum-affinity", "arm": {"session_header": None, "affinity_header": True}},
-                          {"policy": "continuum-no-header", "arm": {"session_header": None, "affinity_header": False}},
-                          {"policy": "old-no-header", "arm": {"session_header": None}}]}]
-    note = aiperf_report.session_note(
-        recorded, ["fcfs", "continuum", "continuum-affinity", "continuum-no-header", "old-no-header"])
-    assert note == ["Session ids: `fcfs`, `continuum`: `--session-header X-Session-ID`; `continuum-affinity`: AIPerf's "
-                    "default `X-Session-Affinity` only (no `--session-header`); `continuum-no-header`: none "
-                    "(AIPerf's `X-Session-Affinity` off); `old-no-header`: no session id read (AIPerf's default "
-                    "`X-Session-Affinity` was sent; the plugin of the time did not read it)."]
-
-
-def test_a_run_is_completed_arm_by_arm_and_pooled_over_the_runs_each_arm_has(tmp_path):
-    """--resume runs only what a run lacks; a replay into the run keeps the
-    other arms when the workload matches and refuses another workload; an arm
-    added to some runs only is pooled over those."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    try:
-        import aiperf_report
-    finally:
-        sys.path.pop(0)
-    base = {"cpu": "Test CPU", "dtype": "float32", "aiperf_version": "0.13.0", "num_blocks": 600, "block_size": 32,
-            "max_model_len": 4096, "sessions": [{"turns": 15}] * 24, "commit": "old1234",
-            "config": {"merge": 16, "max_think": 5.0}}
-
-    def arm(name, jct, **extra):
-        return {"policy": name, "jct_s": {"mean": jct}, "prefix_cache_hit_share": 0.5, "failed": 0, **extra}
-
-    run = tmp_path / "run1"
-    run.mkdir()
-    (run / "results.json").write_text(json.dumps(
-        {**base, "arms": [arm("fcfs", 300.0), arm("continuum", 150.0), {"policy": "oracle", "error": "boom"}]}))
-    assert aiperf_report.missing_arms(run, ["fcfs", "continuum", "oracle", "continuum-paper"]) == [
-        "oracle", "continuum-paper"]
-    kept = ar.previous_arms(str(run / "results.json"), {**base, "commit": "new5678"}, {"continuum"})
-    assert [a["policy"] for a in kept] == ["fcfs"] and kept[0]["commit"] == "old1234"
-    with pytest.raises(ValueError, match="'num_blocks'"):
-        ar.previous_arms(str(run / "results.json"), {**base, "num_blocks": 300}, set())
-
-    results = [
-        {**base, "arms": [arm("fcfs", 300.0), arm("continuum", 150.0), arm("oracle", 100.0)]},
-        {**base, "arms": [arm("fcfs", 200.0), arm("continuum", 150.0), arm("oracle", 100.0),
-                          arm("continuum-paper", 175.0, commit="new5678")]},
-    ]
-    text = aiperf_report.render(results, ["fcfs", "continuum", "oracle", "continuum-paper"], "cmd")
-    assert "| continuum-paper | - | 175.0 | +25% | +25% |" in text
-    assert "new5678: continuum-paper (run 2)" in text
-    block = aiperf_report.readme_block(results, ["fcfs", "continuum", "continuum-paper"])
-    assert "| continuum-paper | 1 | 175.0 s | +25% |" in block
-
-
-def test_runs_from_different_machines_are_each_named_with_their_machine():
-    """A page pooled over runs of several sessions names each run's CPU
-    (each run's arms compare on its own machine); one machine is named once."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    try:
-        import aiperf_report
-    finally:
-        sys.path.pop(0)
-    base = {"aiperf_version": "0.13.0", "num_blocks": 600, "block_size": 32, "sessions": [{"turns": 8}] * 24,
-            "config": {"merge": 32, "max_think": 5.0}, "dtype": "bfloat16"}
-    arms = [{"policy": p, "jct_s": {"mean": j}, "prefix_cache_hit_share": 0.5, "failed": 0}
-            for p, j in (("fcfs", 300.0), ("continuum", 150.0), ("oracle", 100.0))]
-    results = [{**base, "cpu": cpu, "arms": arms} for cpu in ("Xeon", "EPYC", "EPYC")]
-    text = aiperf_report.render(results, ["fcfs", "continuum", "oracle"], "cmd")
-    assert "Machine: Xeon, bfloat16 (run 1); EPYC, bfloat16 (runs 2-3);" in text
-    assert "Xeon" in "\n".join(aiperf_report.readme_block(results, ["continuum"]))
-    assert aiperf_report.machines(results[1:]) == "EPYC, bfloat16"
-    assert aiperf_report.machines([results[1], results[0], results[2]]) == (
-        "EPYC, bfloat16 (runs 1, 3); Xeon, bfloat16 (run 2)")
-
-
-def test_a_page_of_its_own_leaves_the_readme_and_names_where_it_went(tmp_path, monkeypatch):
-    """``--readme ''`` with another --doc/--plot/--out-root: a side
-    experiment (the victim tier against native offloading) gets its own page,
-    written from its runs, while README's block keeps the main replay's."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    try:
-        import aiperf_report
-    finally:
-        sys.path.pop(0)
-    run = tmp_path / "runs" / "run1"
-    run.mkdir(parents=True)
-    arms = [{"policy": p, "jct_s": {"mean": j}, "prefix_cache_hit_share": 0.5, "failed": 0,
-             "arm": {"host_tier_blocks": 40 if "offload" in p else 0}}
-            for p, j in (("native-offload", 300.0), ("continuum-offload-explicit", 250.0), ("oracle", 100.0))]
-    (run / "results.json").write_text(json.dumps({
-        "cpu": "Test CPU", "dtype": "float32", "aiperf_version": "0.13.0", "num_blocks": 600, "block_size": 32,
-        "config": {"merge": 16, "max_think": 5.0, "host_tier": 0.5}, "sessions": [{"turns": 15}] * 24,
-        "arms": arms}))
-    doc, plot = tmp_path / "docs" / "side.md", tmp_path / "docs" / "side.png"
-    doc.parent.mkdir()
-    readme = tmp_path / "README.md"
-    readme.write_text("untouched\n")
-    monkeypatch.setattr(aiperf_report, "REPO", tmp_path)
-    assert aiperf_report.main(["--runs", "1", "--arms", "native-offload,continuum-offload-explicit,oracle",
-                               "--out-root", str(tmp_path / "runs"), "--doc", str(doc), "--plot", str(plot),
-                               "--readme", "", "--only-report"]) == 0
-    text = doc.read_text()
-    assert readme.read_text() == "untouched\n"
-    assert "| continuum-offload-explicit | 250.0 | - | - |" in text  # no fcfs in the run: no gap share
-    assert "--out-root=runs --doc=docs/side.md --plot=docs/side.png --readme=" in text
-    assert "![mean session JCT per arm and run](side.png)" in text and plot.exists()
-    assert "the plugin's connector storing what leaves a pin (`store_mode: explicit`)" in text
-    assert "storing what the GPU evicts (`store_mode: victim`), with a host tier of 40 blocks" in text
