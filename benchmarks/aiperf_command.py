@@ -42,6 +42,7 @@ DEFAULT_AIPERF_VENV = os.environ.get("CONTINUUM_AIPERF_VENV", os.path.expanduser
 
 
 def log(msg: str) -> None:
+    """A progress line of the replay, on stderr."""
     print(f"[aiperf-replay] {msg}", file=sys.stderr, flush=True)
 
 
@@ -141,6 +142,8 @@ def aiperf_env(affinity_header: bool = True) -> dict[str, str]:
 
 
 def aiperf_version(aiperf: str) -> str | None:
+    """The AIPerf version installed beside the ``aiperf`` executable (its
+    venv's ``python``); None when it cannot be asked."""
     python = os.path.join(os.path.dirname(aiperf), "python")
     try:
         out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('aiperf'))"],
@@ -151,6 +154,7 @@ def aiperf_version(aiperf: str) -> str | None:
 
 
 def _count_lines(path: str) -> int:
+    """Non-blank lines of the file at ``path`` (0 when it cannot be read)."""
     try:
         with open(path, "rb") as f:
             return sum(1 for line in f if line.strip())
