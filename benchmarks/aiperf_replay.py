@@ -120,10 +120,12 @@ from .aiperf_command import (AFFINITY_ENV, AIPERF_VERSION, DEFAULT_AIPERF_VENV, 
 from .aiperf_traces import peak_tokens, scale_session, select_sessions, write_traces
 
 __all__ = [
+    "DEFAULT_REQUEST_RATE",
     "Plan",
     "build_parser",
     "main",
     "plan_run",
+    "request_rate",
     "run_arm",
     "server_env",
 ]
@@ -185,8 +187,11 @@ def plan_run(args: argparse.Namespace) -> Plan:
 
 def request_rate(args: argparse.Namespace) -> float | None:
     """AIPerf's turn clock for ``args`` (None: its concurrency mode, for
-    ``--request-rate 0``); a negative or non-finite rate is an error."""
+    ``--request-rate 0``); a negative or non-finite rate is an error.
+    ``main`` stores the answer back in ``args.request_rate``."""
     rate = args.request_rate
+    if rate is None:  # already normalised: concurrency mode
+        return None
     if not math.isfinite(rate) or rate < 0:
         raise ValueError(f"--request-rate must be >= 0 turns per second, got {rate!r}")
     return rate or None
@@ -292,7 +297,7 @@ def run_arm(args: argparse.Namespace, arm: LiveArm, plan: Plan, traces: str, run
                              traces=traces, sessions=len(plan.sessions), out_dir=os.path.join(arm_dir, "aiperf"),
                              concurrency=args.concurrency, ramp_s=args.ramp, seed=args.seed,
                              timeout_s=args.arm_timeout, session_header=arm.session_header,
-                             request_rate=request_rate(args))
+                             request_rate=args.request_rate)
         with open(os.path.join(arm_dir, "aiperf_command.txt"), "w") as f:
             f.write(shlex.join(cmd) + "\n")
         log(f"[{policy}] {shlex.join(cmd)}")
@@ -464,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--policies: {e}", file=sys.stderr)
         return 2
     try:
-        request_rate(args)
+        args.request_rate = request_rate(args)  # from here on: turns per second, or None
     except ValueError as e:
         print(str(e), file=sys.stderr)
         return 2
@@ -494,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  tokenizer=args.tokenizer or args.model, traces=traces, sessions=len(plan.sessions),
                                  out_dir=os.path.join(run_dir, policy, "aiperf"), concurrency=args.concurrency,
                                  ramp_s=args.ramp, seed=args.seed, timeout_s=args.arm_timeout,
-                                 session_header=arm.session_header, request_rate=request_rate(args))
+                                 session_header=arm.session_header, request_rate=args.request_rate)
             print("  " + env + shlex.join(cmd))
         return 0
     if version is None:
@@ -506,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu": cpu_name(), "dtype": args.dtype, "aiperf_version": version, "commit": commit,
         "config": {k: v for k, v in vars(args).items()},
         "num_blocks": plan.num_blocks, "block_size": SERVER_BLOCK, "max_model_len": plan.max_model_len,
-        "aiperf_request_rate": request_rate(args),
+        "aiperf_request_rate": args.request_rate,
         "sessions": [{"id": s["id"], "source": src, "turns": len(s["requests"]),
                       "in": [r["in"] for r in s["requests"]], "out": [r["out"] for r in s["requests"]],
                       "think_s": [r["think_time"] for r in s["requests"]]}

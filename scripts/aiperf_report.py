@@ -37,8 +37,9 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -109,17 +110,27 @@ def commit_note(results: list[dict[str, Any]]) -> str:
     return "Arms by commit: " + "; ".join(f"{c}: {', '.join(arms)}" for c, arms in by_commit.items()) + "."
 
 
+K = TypeVar("K", bound=Hashable)
+
+
+def runs_by(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], K]) -> dict[K, str]:
+    """The runs grouped by ``key(run's results)``, in first-seen order:
+    each key with its runs as text (``run 1``, ``runs 2-3``)."""
+    groups: dict[K, list[int]] = {}
+    for i, r in enumerate(results):
+        groups.setdefault(key(r), []).append(i + 1)
+    return {k: _runs_text(runs) for k, runs in groups.items()}
+
+
 def machines(results: list[dict[str, Any]]) -> str:
     """The CPU and dtype the runs ran on: one when all runs share it, else
     each with its runs (``Intel Xeon, bfloat16 (run 1); AMD EPYC, bfloat16
     (runs 2-3)``): runs of one page may come from several sessions'
     machines, and each run's arms compare on its own."""
-    by_machine: dict[str, list[int]] = {}
-    for i, r in enumerate(results):
-        by_machine.setdefault(f"{r['cpu']}, {r['dtype']}", []).append(i + 1)
+    by_machine = runs_by(results, lambda r: f"{r['cpu']}, {r['dtype']}")
     if len(by_machine) == 1:
         return next(iter(by_machine))
-    return "; ".join(f"{m} ({_runs_text(runs)})" for m, runs in by_machine.items())
+    return "; ".join(f"{m} ({runs})" for m, runs in by_machine.items())
 
 
 def _runs_text(runs: list[int]) -> str:
@@ -206,14 +217,12 @@ def pacing_text(rate: float | None) -> str:
 
 def pacing_note(results: list[dict[str, Any]]) -> list[str]:
     """A line saying how AIPerf paced each run, runs paced alike grouped."""
-    by_rate: dict[float | None, list[int]] = {}
-    for i, r in enumerate(results):
-        by_rate.setdefault(r.get("aiperf_request_rate"), []).append(i + 1)
+    by_rate = runs_by(results, lambda r: r.get("aiperf_request_rate"))
     if not by_rate:
         return []
     if len(by_rate) == 1:
         return [pacing_text(next(iter(by_rate))) + "."]
-    return ["; ".join(f"{pacing_text(rate)} ({_runs_text(runs)})" for rate, runs in by_rate.items()) + "."]
+    return ["; ".join(f"{pacing_text(rate)} ({runs})" for rate, runs in by_rate.items()) + "."]
 
 
 def order_note(results: list[dict[str, Any]]) -> list[str]:
@@ -221,16 +230,14 @@ def order_note(results: list[dict[str, Any]]) -> list[str]:
     them in that order: an arm run again with ``--resume`` goes last), runs
     with the same order grouped. The arms of a run share one machine one
     after another, so an arm's speed may depend on its place."""
-    by_order: dict[tuple[str, ...], list[int]] = {}
-    for i, r in enumerate(results):
-        by_order.setdefault(tuple(a["policy"] for a in r["arms"]), []).append(i + 1)
+    by_order = runs_by(results, lambda r: tuple(a["policy"] for a in r["arms"]))
     if not by_order:
         return []
-    parts = [(_runs_text(runs), ", ".join(f"`{a}`" for a in order)) for order, runs in by_order.items()]
-    if len(parts) == 1:
-        return [f"Arms ran one after another, each on a fresh server, in this order: {parts[0][1]}."]
-    return ["Arms ran one after another, each on a fresh server, in this order: "
-            + "; ".join(f"{runs}: {order}" for runs, order in parts) + "."]
+    head = "Arms ran one after another, each on a fresh server, in this order: "
+    orders = {", ".join(f"`{a}`" for a in order): runs for order, runs in by_order.items()}
+    if len(orders) == 1:
+        return [head + next(iter(orders)) + "."]
+    return [head + "; ".join(f"{runs}: {order}" for order, runs in orders.items()) + "."]
 
 
 def render(results: list[dict[str, Any]], arms: list[str], command: str, plot_name: str = "aiperf.png") -> str:
