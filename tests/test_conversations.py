@@ -60,13 +60,15 @@ class World:
     def _new(self) -> None:
         self.new += 1
 
-    def send(self, session: str, r: SimpleNamespace, scope: str = "default") -> str | None:
-        """The key ``r`` acts on (None: served as stock)."""
+    def send(self, session: str, r: SimpleNamespace, scope: str = "default", agent: str | None = None) -> str | None:
+        """The key ``r`` acts on (None: served as stock); ``agent``: the
+        sub-agent the request names."""
         def continues_pin(key: str) -> bool | None:
             pinned = self.pins.get(key)
             return None if pinned is None else r.block_hashes[:len(pinned)] == pinned
 
-        meta = self.c.resolve(r, JobMetadata(job_id=session, scope=scope), self.jobs.get, continues_pin)
+        meta = self.c.resolve(r, JobMetadata(job_id=session, scope=scope, agent_id=agent), self.jobs.get,
+                              continues_pin)
         if meta.job_id is not None and meta.job_id not in self.jobs:
             self.jobs[meta.job_id] = JobState(meta.job_id, first_arrival=0.0, scope=scope, in_flight=0)
         return meta.job_id
@@ -177,6 +179,31 @@ def test_another_scope_never_continues_a_conversation():
     other = w.send("sess", same_context, scope="mallory")
     assert other is not None and other != key
     assert w.send("sess", extend(victim, "next2"), scope="alice") == key
+
+
+def test_a_named_sub_agent_continues_only_its_own_conversation():
+    # Claude Code names each sub-agent (x-claude-code-agent-id). Two parallel
+    # sub-agents whose prompts share all but their last block, and a parent
+    # whose prompt they extend, stay three conversations: the names decide
+    # where prefixes alone would merge them.
+    w = World(max_conversations=4)
+    main = request(["sys", "task", "t2", "t3"])
+    assert w.send("cc", main) == "cc"
+    w.jobs["cc"].turns_finished = 1
+    a = w.send("cc", request(["sys", "task", "t2", "t3", "a"]), agent="agent-a")
+    assert a not in (None, "cc")
+    w.jobs[a].turns_finished = 1
+    b = w.send("cc", request(["sys", "task", "t2", "t3", "a", "b"]), agent="agent-b")
+    assert b not in (None, "cc", a)
+    w.jobs[b].turns_finished = 1
+    # Each agent's next turn finds its own conversation; the parent's, its own.
+    assert w.send("cc", request(["sys", "task", "t2", "t3", "a", "b", "b2"]), agent="agent-b") == b
+    assert w.send("cc", request(["sys", "task", "t2", "t3", "a", "a2"]), agent="agent-a") == a
+    assert w.send("cc", request(["sys", "task", "t2", "t3", "a", "b", "m2"])) == "cc"
+    # Naming a sub-agent is no key to it: another scope, or a prompt that does
+    # not continue it, gets a conversation of its own.
+    assert w.send("cc", request(["sys", "task", "t2", "t3", "a", "a2", "x"]), scope="mallory",
+                  agent="agent-a") not in (None, a)
 
 
 def test_a_full_session_makes_room_from_an_idle_conversation_without_a_pin():

@@ -11,7 +11,8 @@ chat traffic and never pinned: a pin on the first turn and a hand-off to
 the second show that the session id became the job id. Two conversations
 under one session id (a sub-agent beside its main conversation) keep their
 own pins, and a one-turn request that offers no tool (a session title)
-keeps no pin once the agent's first turn arrives.
+keeps no pin once the agent's first turn arrives. A sub-agent Claude Code
+names (``x-claude-code-agent-id``) ends at its answer.
 
 No check races a TTL: the cold-start TTL outlives the test on any machine.
 """
@@ -155,6 +156,31 @@ def test_a_title_request_before_the_agents_first_turn_keeps_no_pin(server):
     assert wait_for(lambda: server.metric("vllm_continuum:pins_created") == created + 2)
     assert wait_for(lambda: server.metric("vllm_continuum:jobs_ended", reason="final_answer") == ended + 1)
     assert server.metric("vllm_continuum:pins_released", reason="last_step") == released + 1
+
+
+def test_a_claude_code_sub_agents_answer_ends_it_and_a_bad_agent_id_is_a_400(server):
+    # Claude Code 2.1.328 sends x-claude-code-agent-id on every request of a
+    # sub-agent (Task/Agent), beside the session header: the sub-agent's
+    # answer goes to its parent, so it ends the sub-agent's job and keeps no
+    # pin. Without the header the same answer, beside an agent's
+    # conversation, would be pinned for a follow-up that never comes.
+    session = {"X-Claude-Code-Session-Id": "7a6b5c4d-3e2f-4a1b-8c9d-0e1f2a3b4c5d"}
+    created = server.metric("vllm_continuum:pins_created")
+    ended = server.metric("vllm_continuum:jobs_ended", reason="final_answer")
+    post_messages(server, [{"role": "user", "content": "Fix add(). " + filler("main task", 40)}], headers=session)
+    assert wait_for(lambda: server.metric("vllm_continuum:pins_created") == created + 1)
+    # (4 tokens: prose; the tiny model's longer replies open a code fence,
+    # which reads as a code action.)
+    answer = post_messages(server, [{"role": "user", "content": "Fix the add bug"}], max_tokens=4,
+                           system="You are a sub-agent. Report what you find. " + filler("sub-agent rules", 60),
+                           headers={**session, "x-claude-code-agent-id": "a93945a99209facb3"})
+    assert "```" not in answer and "<code>" not in answer, answer
+    assert wait_for(lambda: server.metric("vllm_continuum:jobs_ended", reason="final_answer") == ended + 1)
+    assert server.metric("vllm_continuum:pins_created") == created + 1
+    body = {"model": "smollm2", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    r = requests.post(server.url + "/v1/messages", json=body, timeout=300,
+                      headers={**session, "x-claude-code-agent-id": "x" * 300})
+    assert r.status_code == 400 and "x-claude-code-agent-id" in r.text, r.text
 
 
 def test_two_byte_identical_sessions_with_different_ids_each_hand_over_their_own_pin(server):

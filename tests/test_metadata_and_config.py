@@ -27,6 +27,8 @@ def test_parse_metadata_sources_and_defaults():
     assert meta == JobMetadata("42", True, "pytest", None, 3.5)
     # vllm_xargs wins over session_id.
     assert parse_metadata({"job_id": "x"}, session_id="s").job_id == "x"
+    # A sub-agent's id, normalised like a job id.
+    assert parse_metadata({"agent_id": " a9 "}, session_id="s") == JobMetadata("s", agent_id="a9")
 
 
 @pytest.mark.parametrize("bad", [
@@ -39,6 +41,7 @@ def test_parse_metadata_sources_and_defaults():
     # Hints are bounded: they are parsed on the engine thread and kept per job.
     {"tool_command": " " * 16385}, {"tool_name": "x" * 257},
     {"expected_tool_seconds": 10**400}, {"expected_tool_seconds": 1e308}, {"expected_tool_seconds": "9" * 400},
+    {"agent_id": "x" * 300}, {"agent_id": ""}, {"agent_id": ["a"]},
 ])
 def test_parse_metadata_rejects_malformed_fields(bad):
     with pytest.raises(MetadataError) as info:

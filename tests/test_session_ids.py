@@ -268,3 +268,33 @@ def test_messages_with_a_bad_session_in_user_id_is_a_400():
 
 def test_messages_without_metadata_fall_through_to_implicit_jobs():
     assert session_of(messages_request(), raw_request()) is None
+
+
+# ------------------------------------------------------------ sub-agents
+
+AGENT = "x-claude-code-agent-id"
+
+
+def agent_of(request: Any, raw: Any) -> Any:
+    """The ``agent_id`` the API server hands the engine for ``request``."""
+    params = request.to_sampling_params(16, {})
+    session_of(request, raw)
+    return parse_metadata(params.extra_args, session_id=UUID_A).agent_id
+
+
+def test_claude_codes_sub_agent_header_names_the_sub_agent():
+    # Claude Code 2.1.328: every request of a sub-agent carries its id; the
+    # main conversation's carry none.
+    assert agent_of(chat_request(), raw_request({CLAUDE: UUID_A, AGENT: " a93945a99209facb3 "})) == "a93945a99209facb3"
+    assert agent_of(chat_request(), raw_request({CLAUDE: UUID_A})) is None
+    # The client's own field wins; a stock-policy server reads no header.
+    assert agent_of(chat_request(agent_id="mine"), raw_request({AGENT: "a1"})) == "mine"
+    assert agent_of(chat_request(), raw_request({AGENT: "a1"}, policy="fcfs")) is None
+
+
+def test_a_bad_sub_agent_header_is_a_400_naming_it():
+    request = chat_request()
+    request.to_sampling_params(16, {})
+    with pytest.raises(VLLMValidationError) as info:
+        session_of(request, raw_request({CLAUDE: UUID_A, AGENT: "x" * 300}))
+    assert f"{AGENT} header" in str(info.value)

@@ -115,6 +115,11 @@ def test_metadata_tagged_sends_every_flag_others_only_a_session() -> None:
     assert request_metadata(CLIENTS["headers-last-own"], "s/agent_001", True, "", "s") == (
         {"is_last_step": True}, "s/agent_001")
     assert request_metadata(CLIENTS["headers-last-own"], "s/agent_001", False, "ls", "s") == (None, "s/agent_001")
+    # claude-code: the parent's session id, and on a sub-agent's requests
+    # (only) the sub-agent's own id, as Claude Code's x-claude-code-agent-id.
+    claude_code = CLIENTS["claude-code"]
+    assert request_metadata(claude_code, "s", False, "ls", "s") == (None, "s")
+    assert request_metadata(claude_code, "s/agent_001", True, "", "s") == ({"agent_id": "s/agent_001"}, "s")
     # The no-header profiles: nothing at all, not even on a sub-agent or a last turn.
     for name in ("no-header", "aiperf-no-header"):
         assert request_metadata(CLIENTS[name], "j", True, "") == (None, None)

@@ -29,7 +29,7 @@ from harness import (
     usable_blocks,
 )
 
-from vllm_continuum_plugin.metadata import TOOLS_OFFERED
+from vllm_continuum_plugin.metadata import AGENT_ID, TOOLS_OFFERED
 from vllm_continuum_plugin.request_record import request_meta
 
 EOS = 2
@@ -110,6 +110,34 @@ def test_a_sub_agent_and_its_main_conversation_keep_their_own_pins(s):
     assert m["pins_created"] == m["pins_released"]["handoff"] == 2 + task_pinned
     assert m["pins_released"]["ttl"] == 0 and m["jobs_ended"]["final_answer"] == 2
     assert m["conversations_started"] == 1 and m["context_mismatches"] == 0
+    assert_all_free(s)
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["agent_id", "no_agent_id"])
+def test_a_named_sub_agents_answer_ends_it_for_good(s, named):
+    # Claude Code names each sub-agent (x-claude-code-agent-id -> agent_id):
+    # its answer is the parent's Task result, never followed up, so the
+    # sub-agent's job is over (state forgotten, its blocks first out of the
+    # prefix cache). Unnamed, the same answer is one a user might follow up:
+    # the conversation stays known.
+    extra = {AGENT_ID: "a93945a99209facb3"} if named else None
+    main1 = turn(s, prompt_of(1, 120), TASK)
+    finish(s, main1)
+    sub = turn(s, prompt_of(2, 80), call("grep -rn add src"), extra)
+    finish(s, sub)
+    sub_key = request_meta(sub).job_id
+    assert sub_key != SESSION and sub_key in s.pins
+    s.clock.advance(1.0)
+    sub2 = turn(s, next_prompt(sub, 30), ANSWER, extra)
+    finish(s, sub2)
+    assert request_meta(sub2).job_id == sub_key and sub_key not in s.pins
+    assert snap(s)["jobs_ended"]["final_answer"] == 1
+    assert (s.jobs.get(sub_key) is None) is named
+    assert (sub_key in s.conversations.keys_of(SESSION)) is not named
+    s.clock.advance(1.0)
+    main2 = turn(s, next_prompt(main1, 40), ANSWER)
+    assert request_meta(main2).job_id == SESSION
+    finish(s, main2)
     assert_all_free(s)
 
 

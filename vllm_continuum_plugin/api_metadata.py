@@ -19,7 +19,9 @@ over to the converted chat request, which would otherwise drop it.
 
 The same wrapper also records whether the request offered the model any
 tool (``metadata.TOOLS_OFFERED``; a reply without a tool call to a request
-that offered none is its conversation's final answer).
+that offered none is its conversation's final answer), and the sub-agent a
+harness names in a header (``metadata.AGENT_HEADERS``: Claude Code's
+``x-claude-code-agent-id``) as ``agent_id``.
 
 The same ``_get_session_id`` wrapper, the one hook that sees the HTTP request
 (``raw_request``) of every generate endpoint, also settles the request's
@@ -46,6 +48,8 @@ from typing import Any
 
 from .estimators.scopes import DEFAULT_SCOPE
 from .metadata import (
+    AGENT_HEADERS,
+    AGENT_ID,
     JOB_ID,
     METADATA_FIELDS,
     SCOPE,
@@ -149,6 +153,7 @@ def patch_session_lookup(cls: type) -> None:
         try:
             _set_client_scope(request, raw_request)
             _set_tools_offered(request, raw_request)
+            _set_agent_id(request, raw_request)
         except MetadataError as e:
             raise _validation_error(e) from None
         if _names_job_id(request):
@@ -205,6 +210,26 @@ def _set_tools_offered(request: Any, raw_request: Any) -> None:
         return
     offered = bool(getattr(request, "tools", None)) and getattr(request, "tool_choice", None) != "none"
     params.extra_args = {**(getattr(params, "extra_args", None) or {}), TOOLS_OFFERED: offered}
+
+
+def _set_agent_id(request: Any, raw_request: Any) -> None:
+    """Write the sub-agent a harness names in a header (``AGENT_HEADERS``:
+    Claude Code's ``x-claude-code-agent-id``) into the request's
+    SamplingParams' ``extra_args`` as ``AGENT_ID``, validated like a job id
+    (``MetadataError`` naming the header); on a plugin server only, and
+    not over an ``agent_id`` the client sent in the body."""
+    params = getattr(request, _PARAMS_ATTR, None)
+    if params is None or session_headers_for(raw_request) is None:
+        return
+    extra_args = getattr(params, "extra_args", None) or {}
+    headers = getattr(raw_request, "headers", None)
+    if AGENT_ID in extra_args or headers is None:
+        return
+    for name in AGENT_HEADERS:
+        value = headers.get(name)
+        if value:
+            params.extra_args = {**extra_args, AGENT_ID: parse_job_id(value, f"{name} header")}
+            return
 
 
 def client_scope(raw_request: Any, named: Any) -> str:

@@ -37,6 +37,14 @@ another client scope, becomes a conversation of its own. It cannot end the
 victim's job, have its arrival measured as the victim's tool time, rank by
 the victim's first arrival or take the victim's pin.
 
+A request that names a sub-agent (``agent_id``: Claude Code's
+``x-claude-code-agent-id`` header) continues only a conversation of that
+sub-agent, and one that names none only a conversation of no sub-agent: the
+client's word keeps a sub-agent apart from its parent and its siblings even
+where their prompts share most of their blocks (parallel sub-agents started
+with near-identical prompts). Prefix and scope are still required, so a
+client naming another's sub-agent gets a conversation of its own.
+
 A prompt shorter than one block continues nothing (and is continued by
 nothing): two such requests of a session are two conversations.
 
@@ -111,6 +119,9 @@ def shown(key: str) -> str:
 @dataclass
 class _Conversation:
     key: str
+    # The sub-agent whose conversation it is (``JobMetadata.agent_id``), or
+    # None: only that agent's requests continue it, and it continues no other.
+    agent: str | None = None
     # Its recent turns' prompts, oldest first.
     prompts: list[PromptPrefix] = field(default_factory=list)
 
@@ -241,13 +252,13 @@ class Conversations:
         if session is None:
             session = self._sessions[session_id] = _Session()
         self._sessions.move_to_end(session_id)
-        key = self._continued(session, request.block_hashes, meta.scope, job_of)
+        key = self._continued(session, request.block_hashes, meta.scope, meta.agent_id, job_of)
         if key is None and session.conversations and logger.isEnabledFor(logging.DEBUG):
             logger.debug("continuum: request %s (%d prompt blocks) continues no conversation of session %s: %s",
                          request.request_id, prompt.num_blocks, session_id,
-                         self._why_not(session, request.block_hashes, meta.scope, job_of))
+                         self._why_not(session, request.block_hashes, meta.scope, meta.agent_id, job_of))
         if key is None:
-            key = self._start(session_id, session, job_of, continues_pin)
+            key = self._start(session_id, session, meta.agent_id, job_of, continues_pin)
             if key is None:
                 request_record(request).unbound_job_id = session_id
                 self._on_mismatch()
@@ -262,10 +273,12 @@ class Conversations:
         return meta if key == session_id else dataclasses.replace(meta, job_id=key)
 
     def _continued(
-        self, session: _Session, block_hashes: Sequence[Any], scope: str, job_of: Callable[[str], JobState | None],
+        self, session: _Session, block_hashes: Sequence[Any], scope: str, agent: str | None,
+        job_of: Callable[[str], JobState | None],
     ) -> str | None:
-        """The conversation of ``scope`` that ``block_hashes`` continue with
-        the longest shared prefix (ties: the most recently used), else None.
+        """The conversation of ``scope`` and sub-agent ``agent`` (None: no
+        sub-agent's) that ``block_hashes`` continue with the longest shared
+        prefix (ties: the most recently used), else None.
         (A pin holds the prompt of one of its conversation's recent turns,
         so the prompts decide for it too, base included: a sub-agent sharing
         only the system prompt never takes its parent's pin.)"""
@@ -275,6 +288,8 @@ class Conversations:
             job = job_of(key)
             if job is not None and job.scope != scope:
                 continue  # another client's conversation is never continued
+            if session.conversations[key].agent != agent:
+                continue  # another agent's (the main conversation is no sub-agent's)
             if job is not None and job.turns_finished == 0 and job.in_flight > 0:
                 # Its first turn has no reply yet, so nothing can be its next
                 # turn: a request sharing its prompt is a parallel branch
@@ -288,7 +303,8 @@ class Conversations:
         return best
 
     def _why_not(
-        self, session: _Session, block_hashes: Sequence[Any], scope: str, job_of: Callable[[str], JobState | None],
+        self, session: _Session, block_hashes: Sequence[Any], scope: str, agent: str | None,
+        job_of: Callable[[str], JobState | None],
     ) -> str:
         """For a DEBUG line: each conversation's shared blocks / prompt blocks
         (base), or its other scope."""
@@ -298,16 +314,20 @@ class Conversations:
             if job is not None and job.scope != scope:
                 parts.append(f"{shown(key)}: another scope")
                 continue
+            if conversation.agent != agent:
+                parts.append(f"{shown(key)}: another agent's")
+                continue
             base = (job.first_hit_tokens or 0) // self._block_size if job is not None else 0
             shared = ", ".join(f"{p.shared_blocks(block_hashes)}/{p.num_blocks}" for p in conversation.prompts)
             parts.append(f"{shown(key)}: shares {shared or 'nothing remembered'} (base {base})")
         return "; ".join(parts)
 
     def _start(
-        self, session_id: str, session: _Session, job_of: Callable[[str], JobState | None],
+        self, session_id: str, session: _Session, agent: str | None, job_of: Callable[[str], JobState | None],
         continues_pin: Callable[[str], bool | None],
     ) -> str | None:
-        """A new conversation's key (room made if needed), or None."""
+        """A new conversation's key (room made if needed), or None; ``agent``:
+        the sub-agent it belongs to (None: none's)."""
         conversations = session.conversations
         if len(conversations) >= self._max_conversations:
             idle = next((k for k in conversations if _idle(job_of(k)) and continues_pin(k) is None), None)
@@ -325,7 +345,7 @@ class Conversations:
             self._on_new_conversation()
             logger.debug("continuum: session %s: conversation %s starts beside %d others",
                          session_id, shown(key), len(conversations))
-        conversations[key] = _Conversation(key)
+        conversations[key] = _Conversation(key, agent)
         self._count += 1
         return key
 

@@ -27,6 +27,15 @@ exactly like stock FCFS) and logs a warning, never an engine error.
 Optional hints: ``tool_name`` / ``tool_command`` (override reply parsing) and
 ``expected_tool_seconds`` (the client's own estimate of the tool's duration).
 
+Sub-agents (``agent_id``): a request of a sub-agent running under its
+parent's job or session id names the sub-agent (any printable id, validated
+like a job id). The API server also fills it from the header Claude Code
+sends on every request of a sub-agent (``AGENT_HEADERS``:
+``x-claude-code-agent-id``, measured on Claude Code 2.1.328, whose main
+conversation sends none). Such a request continues only that sub-agent's
+conversation, and its reply without a tool call ends the sub-agent's job:
+the answer goes to the parent as a tool result, no person follows it up.
+
 Declared retention (``retention``): vLLM PR #38514's ``retention_directives``
 and ``retention_scope``, or TensorRT-LLM's ``kv_cache_retention_config``, in
 any of the forms above (in ``vllm_xargs``, which carries only scalars, as
@@ -54,6 +63,8 @@ from .estimators.scopes import DEFAULT_SCOPE, is_key_scope, key_scope
 from .retention import RETENTION_FIELDS, RETENTION_SCOPE, Retention, parse_retention
 
 __all__ = [
+    "AGENT_HEADERS",
+    "AGENT_ID",
     "JOB_ID",
     "IS_LAST_STEP",
     "JobMetadata",
@@ -72,6 +83,9 @@ __all__ = [
 ]
 
 JOB_ID = "job_id"
+# A sub-agent's own id within its session (Claude Code sends it as the
+# ``x-claude-code-agent-id`` header on every request of a sub-agent).
+AGENT_ID = "agent_id"
 IS_LAST_STEP = "is_last_step"
 TOOL_NAME = "tool_name"
 TOOL_COMMAND = "tool_command"
@@ -81,7 +95,12 @@ SCOPE = "continuum_scope"
 # model any tool (``tools`` given, ``tool_choice`` not "none")? Absent where
 # the endpoint has no tools (completions) or the engine is driven directly.
 TOOLS_OFFERED = "continuum_tools_offered"
-METADATA_FIELDS = (JOB_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS, SCOPE, *RETENTION_FIELDS)
+METADATA_FIELDS = (JOB_ID, AGENT_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS, SCOPE, *RETENTION_FIELDS)
+# Headers that name a sub-agent (``AGENT_ID``), in order: Claude Code 2.1.x
+# sends its sub-agent's id on every request of the sub-agent (and
+# ``x-claude-code-parent-agent-id`` on a nested one's, which is not needed:
+# each agent's own id is unique in its session).
+AGENT_HEADERS = ("x-claude-code-agent-id",)
 # The header a client may name its scope with (when no API key decides it).
 SCOPE_HEADER = "X-Continuum-Scope"
 MAX_SCOPE_CHARS = 128
@@ -128,6 +147,10 @@ class JobMetadata:
     tools_offered: bool | None = None
     # What the client declared it will need again (``retention``), or None.
     retention: Retention | None = None
+    # The request is a sub-agent's (``AGENT_ID``): that sub-agent's id in its
+    # session. A sub-agent's conversation is its own (``conversations``) and
+    # its answer goes to its parent, never to a person: it ends its job.
+    agent_id: str | None = None
 
 
 UNTAGGED = JobMetadata()
@@ -279,4 +302,5 @@ def parse_metadata(
         scope=parse_scope(args.get(SCOPE)),
         tools_offered=None if args.get(TOOLS_OFFERED) is None else parse_bool(args[TOOLS_OFFERED], TOOLS_OFFERED),
         retention=retention,
+        agent_id=parse_job_id(args.get(AGENT_ID), AGENT_ID),
     )

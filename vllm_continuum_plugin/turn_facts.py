@@ -63,6 +63,7 @@ class TurnReader:
             tools_offered=meta.tools_offered,
             tool_hinted=(meta.tool_name is not None or meta.tool_command is not None
                          or meta.expected_tool_seconds is not None),
+            sub_agent=job_id is not None and meta.agent_id is not None,
             side_conversation=job_id is not None and self._beside_an_agent(job_id),
             token_prompt=has_token_prompt(request),
             answers_return=job_id is None and self._answers_return(meta.scope),

@@ -26,7 +26,8 @@ A finished turn becomes exactly one of (:class:`TurnOutcomeKind`):
   ``answered``: under a client's session id, or an implicit job's, found
   again by its prompt) ends the agent's task but not the session: the
   user's next message may continue it, so the job stays known (its rank,
-  its turns) and its blocks age as stock LRU.
+  its turns) and its blocks age as stock LRU. A sub-agent's answer (the
+  request names one: ``agent_id``) is a final answer: it goes to the parent.
 * ``FREE`` -- the job goes on but keeps nothing: pinning is off (prefix
   caching disabled), or the job's pin holds another context than this
   turn's (an overlapping turn of another branch keeps it).
@@ -182,6 +183,9 @@ class FinishedTurn:
     # The client sent a tool hint (name, command, expected seconds): a tool
     # runs before the next turn, whatever the request offered the model.
     tool_hinted: bool = False
+    # The request names a sub-agent (``agent_id``): its answer is its
+    # parent's tool result, which no person follows up.
+    sub_agent: bool = False
     # Another conversation of the job's session is live and is an agent's:
     # it offered the model tools or called one (conversations).
     side_conversation: bool = False
@@ -313,8 +317,8 @@ def decide_turn(turn: FinishedTurn, rules: TurnRules) -> TurnOutcome:
     elif not reply.calls_tool and _is_final_answer(turn, reply):
         # After tool calls the user may follow up (under the job id, or an
         # implicit job's by prompt); a side request that called no tool has
-        # nothing to follow.
-        answered = turn.had_tool_call
+        # nothing to follow, nor a sub-agent (its answer goes to its parent).
+        answered = turn.had_tool_call and not turn.sub_agent
         return _end(TurnReason.ANSWERED if answered else TurnReason.FINAL_ANSWER)
     if not rules.pinning:
         return TurnOutcome(TurnOutcomeKind.FREE, TurnReason.NO_PINNING, starts_implicit_job=starts_implicit)
@@ -336,7 +340,8 @@ def _is_final_answer(turn: FinishedTurn, reply: TurnReply) -> bool:
     is then known, not assumed), the client did not send ``is_last_step``
     (an explicit ``false`` keeps the answer pinned while its user reads
     it), and either an earlier turn of the job called a tool, or the job is
-    a side request: a conversation beside another of its session whose
+    a sub-agent's (the client named it: its answer is its parent's tool
+    result), or a side request: a conversation beside another of its session whose
     request offered the model no tool and hinted none (a session title, a
     summary: nothing comes after it). A lone tool-less conversation (a chat
     under a session id) is not ended here. A job forgotten (ended, evicted)
@@ -344,4 +349,4 @@ def _is_final_answer(turn: FinishedTurn, reply: TurnReply) -> bool:
     if turn.implicit_job:
         return True
     side_request = turn.side_conversation and turn.tools_offered is False and not turn.tool_hinted
-    return turn.is_last_step is None and reply.readable and (turn.had_tool_call or side_request)
+    return turn.is_last_step is None and reply.readable and (turn.had_tool_call or turn.sub_agent or side_request)

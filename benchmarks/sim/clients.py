@@ -39,9 +39,13 @@ three axes:
   model answers to AIPerf's synthetic prompts).
 
 A fourth axis, for a client that sends a session id, **sub-agents** --
-``parent``: a sub-agent's requests carry its parent's session id (Claude
-Code sends its session header on its ``Task`` sub-agents' requests too);
-``own``: each sub-agent conversation has a session id of its own, as AIPerf's ``weka_trace`` replay sends it (its loader
+``parent``: a sub-agent's requests carry its parent's session id and
+nothing that tells them apart; ``agent-id``: its parent's session id and
+the sub-agent's own id (``agent_id``), as Claude Code sends them (measured
+on Claude Code 2.1.328 against a recording server: every request of a
+``Task``/``Agent`` sub-agent carries the session's
+``X-Claude-Code-Session-Id`` and the sub-agent's ``x-claude-code-agent-id``,
+the main conversation's none; docs/clients.md); ``own``: each sub-agent conversation has a session id of its own, as AIPerf's ``weka_trace`` replay sends it (its loader
 makes each trace's ``subagent`` entry a child conversation, and AIPerf mints
 every conversation a fresh correlation id, sent as the ``--session-header``;
 the parent's id goes only in an opt-in ``X-Dynamo-Parent-Session-ID``).
@@ -70,6 +74,8 @@ exact, calls -- what a batch harness that knows its end can add),
 ``headers-own`` (its requests with each sub-agent under a session id of its
 own: session, exact, calls, sub-agents own -- what a router or proxy that
 tells sub-agents apart could send) and ``headers-last-own`` (both).
+``claude-code`` is ``headers-only`` with the sub-agent id Claude Code sends
+(session, exact, calls, sub-agents agent-id): what Claude Code sends.
 
 The profiles change only what a job's turns send; arrivals, turn counts,
 token counts of new content and tool times are the same under every
@@ -106,7 +112,7 @@ _METADATA = ("tagged", "session", "session-last", "none")
 _HISTORY = ("exact", "aiperf", "reasoning")
 _REPLIES = ("scripted", "calls", "prose")
 _RETENTION = ("none", "continuum-policy")
-_SUB_AGENTS = ("parent", "own")
+_SUB_AGENTS = ("parent", "agent-id", "own")
 # vLLM PR #38514's benchmark's "ContinuumPolicy" priorities, and how long a
 # directive keeps the system prompt (shared by every session).
 SYSTEM_PRIORITY, HISTORY_PRIORITY, TAIL_PRIORITY = 90, 70, 50
@@ -165,6 +171,7 @@ CLIENTS: dict[str, ClientProfile] = {
     "headers-last": ClientProfile("headers-last", "session-last", "exact", "calls"),
     "headers-own": ClientProfile("headers-own", "session", "exact", "calls", sub_agents="own"),
     "headers-last-own": ClientProfile("headers-last-own", "session-last", "exact", "calls", sub_agents="own"),
+    "claude-code": ClientProfile("claude-code", "session", "exact", "calls", sub_agents="agent-id"),
 }
 TAGGED = CLIENTS["tagged"]
 
@@ -189,16 +196,18 @@ def request_metadata(
     """``(extra_args, session_id)`` of a request of job ``job_id``: the
     tagged metadata, or the session id alone (``session_id``, default the
     job id: a sub-agent's parent's session, sent as such when the profile's
-    ``sub_agents`` is ``parent``; with ``own`` every job sends its own id).
-    ``last``: the job's last request; ``tool_name``: the tool its reply runs
-    ("" for none)."""
+    ``sub_agents`` is ``parent`` or ``agent-id`` -- the latter adding the
+    sub-agent's own id, ``agent_id``: its job id; with ``own`` every job
+    sends its own id). ``last``: the job's last request; ``tool_name``: the
+    tool its reply runs ("" for none)."""
     if client.metadata == "none":
         return None, None
     session = job_id if client.sub_agents == "own" else session_id or job_id
+    agent = {"agent_id": job_id} if client.sub_agents == "agent-id" and session != job_id else {}
     if client.metadata == "session":
-        return None, session
+        return agent or None, session
     if client.metadata == "session-last":
-        return ({"is_last_step": True} if last else None), session
+        return {**agent, **({"is_last_step": True} if last else {})} or None, session
     extra: dict[str, Any] = {"job_id": job_id, "is_last_step": last}
     if tool_name and not last:
         extra["tool_name"] = tool_name
