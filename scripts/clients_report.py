@@ -80,7 +80,7 @@ from scripts.clients_bars import (  # noqa: E402
 )
 from scripts.clients_bars import check as _check  # noqa: E402
 from scripts.clients_seeds import seed_lines, seed_summary  # noqa: E402
-from scripts.clients_signals import SIGNAL_PROFILES, signal_lines, signal_summary  # noqa: E402
+from scripts.clients_signals import CLAUDE_CODE_PROFILE, SIGNAL_PROFILES, signal_lines, signal_summary  # noqa: E402
 from scripts.sim_report import SimPoints, replace_readme_block  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -256,7 +256,7 @@ def write_readme_block(readme: str, rows: list[str], doc: str, seed_rows: list[s
     rel = os.path.relpath(doc, os.path.dirname(os.path.abspath(readme)))
     replace_readme_block(readme, README_BEGIN, README_END, [
         "Simulated (vLLM's real scheduler on a virtual clock, roofline step model), at the high load of",
-        f"each workload (FCFS's hit share below 50%): Continuum's share of the FCFS -> oracle gap in mean JCT",
+        "each workload (FCFS's hit share below 50%): Continuum's share of the FCFS -> oracle gap in mean JCT",
         "and its speed-up over FCFS under each client profile, next to plain admission at its best fixed",
         "cap. `aiperf, last turn flagged`: AIPerf's requests with `is_last_step: true` on each session's",
         "last one (AIPerf's prose replies never say a session ended; its per-turn `extra` can carry the",
@@ -277,7 +277,8 @@ def write_readme_block(readme: str, rows: list[str], doc: str, seed_rows: list[s
         *([] if not signal_rows else [
             "", "Which signal `headers-only` lacks costs what on the traces: its requests with `is_last_step: true`",
             "on each conversation's last (`headers-last`), with each sub-agent under a session id of its own",
-            "(`headers-own`), with both (`headers-last-own`); mean gap closed over the same seeds:",
+            "(`headers-own`), with both (`headers-last-own`); and what Claude Code sends (`claude-code`: each",
+            "sub-agent's own id beside the session id); mean gap closed over the same seeds:",
             "", *signal_rows]),
     ])
 
@@ -376,7 +377,11 @@ def main() -> int:
         "On the traces (sub-agents), `headers-last`, `headers-own` and `headers-last-own` replay",
         "`headers-only`'s requests with one signal it lacks added: `is_last_step: true` on each",
         "conversation's last request (a batch harness knows its end; a chat user's session has none),",
-        "each sub-agent under a session id of its own instead of its parent's, or both. They run",
+        "each sub-agent under a session id of its own instead of its parent's, or both. `claude-code`",
+        "replays them with what Claude Code 2.1.328 sends on a sub-agent's requests besides the parent's",
+        "session id (measured against a recording server, docs/clients.md): the sub-agent's own id",
+        "(`x-claude-code-agent-id`, the plugin's `agent_id`), which keeps the sub-agent's conversation",
+        "apart and ends its job at its answer. They run",
         "Continuum only, at every seed; their gap shares are taken against the tagged client's FCFS and",
         "oracle, which read no metadata and replay the same prompts.",
         "",
@@ -404,8 +409,10 @@ def main() -> int:
             seeded_caps: dict[int, list[dict]] = {}
             signals: dict[int, list[dict]] = {}
             signal_argv = [*high_argv, "--policies", "continuum", "--client", ",".join(SIGNAL_PROFILES)]
+            claude_argv = [*high_argv, "--policies", "continuum", "--client", CLAUDE_CODE_PROFILE]
             if "--subagents" in wl.argv:
-                signals[SEEDS[0]] = point(f"{wl.key}-{prof}-high-signals", signal_argv)
+                signals[SEEDS[0]] = [*point(f"{wl.key}-{prof}-high-signals", signal_argv),
+                                     *point(f"{wl.key}-{prof}-high-claude-code", claude_argv)]
             if wl.key in SEEDED_WORKLOADS:
                 for seed in SEEDS[1:]:
                     common = seed_common(args.step_model, seed)
@@ -422,8 +429,11 @@ def main() -> int:
                             os.path.join(args.out, f"{wl.key}-{prof}-high-no-header-seed{seed}"),
                             [*high_argv, *no_header], common)
                     if signals:
-                        signals[seed] = sims.point(os.path.join(args.out, f"{wl.key}-{prof}-high-signals-seed{seed}"),
-                                                   signal_argv, common)
+                        signals[seed] = [
+                            *sims.point(os.path.join(args.out, f"{wl.key}-{prof}-high-signals-seed{seed}"),
+                                        signal_argv, common),
+                            *sims.point(os.path.join(args.out, f"{wl.key}-{prof}-high-claude-code-seed{seed}"),
+                                        claude_argv, common)]
                 if seeded_caps:
                     seeded[SEEDS[0]] = [*pts, *nh_pts]
                     seeded_caps[SEEDS[0]] = caps

@@ -12,6 +12,11 @@ replay ``headers-only``'s requests with one of the missing signals added:
   its parent's (Claude Code sends the parent's);
 * ``headers-last-own``: both.
 
+And what Claude Code really sends, ``claude-code`` (``CLAUDE_CODE_PROFILE``):
+``headers-only``'s requests with each sub-agent's own id (``agent_id``, the
+``x-claude-code-agent-id`` header Claude Code 2.1.328 sends on every request
+of a sub-agent) beside its parent's session id.
+
 Their prompts are ``headers-only``'s, which are the tagged client's, and
 FCFS and the oracle read no metadata, so every profile's gap share here is
 taken against the tagged client's FCFS and oracle at the same seed: the
@@ -24,11 +29,12 @@ from statistics import fmean
 
 from benchmarks.stats import gap_closed
 
-__all__ = ["SIGNAL_PROFILES", "signal_lines", "signal_summary"]
+__all__ = ["CLAUDE_CODE_PROFILE", "SIGNAL_PROFILES", "signal_lines", "signal_summary"]
 
 SIGNAL_PROFILES = ("headers-last", "headers-own", "headers-last-own")
+CLAUDE_CODE_PROFILE = "claude-code"
 # The rows of the section's table, in order: what is sent, then less to more.
-_ROWS = ("headers-only", *SIGNAL_PROFILES, "tagged")
+_ROWS = ("headers-only", CLAUDE_CODE_PROFILE, *SIGNAL_PROFILES, "tagged")
 
 
 def _versus(gap: float, tagged: float) -> str:
@@ -83,7 +89,7 @@ def signal_lines(by_seed: dict[int, list[dict]]) -> list[str]:
     tagged, plain = fmean(gaps["tagged"]), fmean(gaps["headers-only"])
     shortfall = tagged - plain
     lines = ["", f"`headers-only`: {_versus(plain, tagged)} on the mean."]
-    for client in SIGNAL_PROFILES:
+    for client in (CLAUDE_CODE_PROFILE, *SIGNAL_PROFILES):
         mean = fmean(gaps[client])
         text = f"- `{client}`: {mean:+.1%}, {_versus(mean, tagged)}"
         gained = mean - plain

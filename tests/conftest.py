@@ -68,6 +68,7 @@ FILE_LEVELS = {
     "test_scheduler.py": "scheduler",
     "test_session_ids.py": "unit",
     "test_sim_clients.py": "scheduler",
+    "test_clients_report.py": "unit",
     "test_sim_cpu_fit.py": "unit",
     "test_sim_offload.py": "unit",
     "test_sim_step_model.py": "unit",
