@@ -5,7 +5,7 @@ The question a user serving coding agents asks: how many sessions a minute
 can one replica take before its agents slow down, and how many more with
 the plugin? This sweeps the arrival rate on the shipped Claude Code traces
 (sub-agents, the shared system prompt, the ``headers-only`` client: a
-session header and nothing else, what Claude Code sends) through vLLM's real
+session header and nothing else: what Claude Code sends, less its sub-agents' ids) through vLLM's real
 scheduler (``benchmarks.simulate``) and scores every arm at every rate by
 SLO attainment: the share of sessions that keep
 
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "Workload: the shipped Claude Code traces (kv-cache-tester) with their sub-agents under the parent's",
         "session id and the shared system prompt; the `headers-only` client (a session header, replies the",
-        "plugin parses: what Claude Code sends). SLO per session: p90 of its turns' TTFT <= "
+        "plugin parses: what Claude Code sends, less its sub-agents' ids). SLO per session: p90 of its turns' TTFT <= "
         f"{slo.ttft_p90_s:g} s and JCT <= {slo.jct_factor:g}x",
         f"its JCT served alone (the oracle at {SOLO_RATE:g} sessions/min). A rate is sustained when >= "
         f"{slo.attainment:.0%} of its sessions keep",
