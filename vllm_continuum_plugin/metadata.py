@@ -95,7 +95,8 @@ SCOPE = "continuum_scope"
 # model any tool (``tools`` given, ``tool_choice`` not "none")? Absent where
 # the endpoint has no tools (completions) or the engine is driven directly.
 TOOLS_OFFERED = "continuum_tools_offered"
-METADATA_FIELDS = (JOB_ID, AGENT_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS, SCOPE, *RETENTION_FIELDS)
+METADATA_FIELDS = (JOB_ID, AGENT_ID, IS_LAST_STEP, TOOL_NAME, TOOL_COMMAND, EXPECTED_TOOL_SECONDS, SCOPE,
+                   *RETENTION_FIELDS)
 # Headers that name a sub-agent (``AGENT_ID``), in order: Claude Code 2.1.x
 # sends its sub-agent's id on every request of the sub-agent (and
 # ``x-claude-code-parent-agent-id`` on a nested one's, which is not needed:
