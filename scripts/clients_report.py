@@ -410,9 +410,16 @@ def main() -> int:
             signals: dict[int, list[dict]] = {}
             signal_argv = [*high_argv, "--policies", "continuum", "--client", ",".join(SIGNAL_PROFILES)]
             claude_argv = [*high_argv, "--policies", "continuum", "--client", CLAUDE_CODE_PROFILE]
+
+            def signal_points(suffix: str, common: list[str] | None = None) -> list[dict]:
+                """Continuum under the signal profiles and claude-code at one seed."""
+                return [*sims.point(os.path.join(args.out, f"{wl.key}-{prof}-high-signals{suffix}"), signal_argv,
+                                    common),
+                        *sims.point(os.path.join(args.out, f"{wl.key}-{prof}-high-claude-code{suffix}"), claude_argv,
+                                    common)]
+
             if "--subagents" in wl.argv:
-                signals[SEEDS[0]] = [*point(f"{wl.key}-{prof}-high-signals", signal_argv),
-                                     *point(f"{wl.key}-{prof}-high-claude-code", claude_argv)]
+                signals[SEEDS[0]] = signal_points("")
             if wl.key in SEEDED_WORKLOADS:
                 for seed in SEEDS[1:]:
                     common = seed_common(args.step_model, seed)
@@ -429,11 +436,7 @@ def main() -> int:
                             os.path.join(args.out, f"{wl.key}-{prof}-high-no-header-seed{seed}"),
                             [*high_argv, *no_header], common)
                     if signals:
-                        signals[seed] = [
-                            *sims.point(os.path.join(args.out, f"{wl.key}-{prof}-high-signals-seed{seed}"),
-                                        signal_argv, common),
-                            *sims.point(os.path.join(args.out, f"{wl.key}-{prof}-high-claude-code-seed{seed}"),
-                                        claude_argv, common)]
+                        signals[seed] = signal_points(f"-seed{seed}", common)
                 if seeded_caps:
                     seeded[SEEDS[0]] = [*pts, *nh_pts]
                     seeded_caps[SEEDS[0]] = caps

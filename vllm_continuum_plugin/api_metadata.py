@@ -225,11 +225,10 @@ def _set_agent_id(request: Any, raw_request: Any) -> None:
     headers = getattr(raw_request, "headers", None)
     if AGENT_ID in extra_args or headers is None:
         return
-    for name in AGENT_HEADERS:
-        value = headers.get(name)
-        if value:
-            params.extra_args = {**extra_args, AGENT_ID: parse_job_id(value, f"{name} header")}
-            return
+    # The first listed header present, validated: the session headers' lookup.
+    agent = client_session_id(headers.get, AGENT_HEADERS)
+    if agent is not None:
+        params.extra_args = {**extra_args, AGENT_ID: agent}
 
 
 def client_scope(raw_request: Any, named: Any) -> str:
